@@ -1,0 +1,200 @@
+"""The run configuration: every key, its default, its type and its checks.
+
+One table, :data:`DEFAULTS`, is the source of truth for the keys that
+``flwr run --run-config``, ``sflower run KEY=VALUE`` and the sweep files
+accept. ``pyproject.toml``'s ``[tool.flwr.app.config]`` repeats it (Flower
+requires every run-config key to exist there); a test keeps the two equal.
+
+Keys are written with hyphens, as Flower does (``num-clients``);
+:class:`RunConfig` exposes them as attributes with underscores
+(``cfg.num_clients``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from fl_app.errors import ConfigError
+
+#: Every run-config key with its default. The type of the default is the
+#: type of the key. Empty strings mean "not set".
+DEFAULTS: dict[str, Any] = {
+    # what runs
+    "strategy": "gas",
+    "dataset": "mnist-5k",
+    "data-dir": "",
+    "model": "alexnet",
+    "cut-layer": 2,
+    # federation
+    "num-clients": 20,
+    "concurrency": 10,
+    "partition": "shard",
+    "alpha": 0.1,
+    "shards": 2,
+    "heterogeneity": "gas",
+    # training (GAS paper defaults: lr 0.01, momentum 0.9, wd 5e-4, clip 10, B 32)
+    "global-iterations": 20,
+    "local-iterations": 20,
+    "batch-size": 32,
+    "lr": 0.01,
+    "momentum": 0.9,
+    "weight-decay": 0.0005,
+    "clip-norm": 10.0,
+    # GAS (DESIGN.md section 7)
+    "generate": True,
+    "covariance": "diagonal",
+    "buffer-activations": 0,
+    "buffer-models": 0,
+    "weighting": "linear",
+    "logit-adjust": True,
+    "aggregation": "data-size",
+    "dissimilarity-every": 0,
+    # FL baselines
+    "server-lr": 1.0,
+    "fl-buffer": 0,
+    "staleness": "none",
+    # run control
+    "seed": 0,
+    "eval-every": 1,
+    "target-accuracy": 0.0,
+    "max-virtual-time": 0.0,
+    "clock": "virtual",
+    "node-timeout": 600.0,
+    "output-dir": "",
+}
+
+STRATEGY_KEYS_DOC = "see `sflower strategies` for the list"
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Convert ``value`` to the type of ``DEFAULTS[key]``.
+
+    Strings (from the command line) are parsed; ``"true"/"false"`` become
+    booleans. Raises :class:`ConfigError` when the conversion fails.
+    """
+    default = DEFAULTS[key]
+    try:
+        if isinstance(default, bool):
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if isinstance(default, int):
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value) if not isinstance(value, str) else int(value.strip())
+        if isinstance(default, float):
+            if isinstance(value, bool):
+                raise ValueError
+            out = float(value)
+            if math.isnan(out):
+                raise ValueError
+            return out
+        return str(value)
+    except (TypeError, ValueError):
+        kind = type(default).__name__
+        raise ConfigError(f"{key}={value!r} is not a valid {kind}") from None
+
+
+class RunConfig:
+    """A resolved, checked run configuration.
+
+    Build it with :meth:`from_mapping`; unknown keys and badly typed values
+    raise :class:`ConfigError`. Read values as attributes with underscores
+    (``cfg.batch_size``) or with :meth:`get` by their hyphenated key.
+    """
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values = dict(values)
+
+    @classmethod
+    def from_mapping(cls, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+        """Defaults updated with ``overrides``; keys may use ``-`` or ``_``.
+
+        Raises:
+            ConfigError: on an unknown key, a value of the wrong type, or a
+                value outside its allowed range.
+        """
+        values = dict(DEFAULTS)
+        for raw_key, value in (overrides or {}).items():
+            key = str(raw_key).replace("_", "-")
+            if key not in DEFAULTS:
+                close = [k for k in DEFAULTS if k.split("-")[0] == key.split("-")[0]]
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                raise ConfigError(f"unknown run-config key '{raw_key}'{hint}")
+            values[key] = _coerce(key, value)
+        cfg = cls(values)
+        cfg._check()
+        return cfg
+
+    def _check(self) -> None:
+        positive = ["num-clients", "concurrency", "global-iterations", "local-iterations", "batch-size"]
+        for key in positive:
+            if self._values[key] < 1:
+                raise ConfigError(f"{key} must be >= 1, got {self._values[key]}")
+        for key in ["lr", "alpha", "server-lr"]:
+            if not self._values[key] > 0:
+                raise ConfigError(f"{key} must be > 0, got {self._values[key]}")
+        for key in ["momentum", "weight-decay", "clip-norm", "target-accuracy", "max-virtual-time"]:
+            if self._values[key] < 0:
+                raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
+        for key in ["buffer-activations", "buffer-models", "fl-buffer", "eval-every", "dissimilarity-every", "seed"]:
+            if self._values[key] < 0:
+                raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
+        if self.concurrency > self.num_clients:
+            raise ConfigError(
+                f"concurrency={self.concurrency} exceeds num-clients={self.num_clients}"
+            )
+        if self.clock not in ("virtual", "wall"):
+            raise ConfigError(f"clock must be 'virtual' or 'wall', got '{self.clock}'")
+        if self.aggregation not in ("data-size", "uniform"):
+            raise ConfigError(f"aggregation must be 'data-size' or 'uniform', got '{self.aggregation}'")
+        if self.staleness not in ("none", "polynomial"):
+            raise ConfigError(f"staleness must be 'none' or 'polynomial', got '{self.staleness}'")
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("_values")
+        key = name.replace("_", "-")
+        if values is not None and key in values:
+            return values[key]
+        raise AttributeError(name)
+
+    def get(self, key: str) -> Any:
+        """The value of a hyphenated key."""
+        return self._values[key]
+
+    def as_dict(self) -> dict[str, Any]:
+        """All keys with hyphens, JSON-friendly (a copy)."""
+        return dict(self._values)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        """A new checked config with some keys changed (underscored names)."""
+        values = self.as_dict()
+        values.update({k.replace("_", "-"): v for k, v in changes.items()})
+        return RunConfig.from_mapping(values)
+
+    def __repr__(self) -> str:
+        return f"RunConfig({self._values!r})"
+
+
+def parse_key_values(pairs: list[str]) -> dict[str, str]:
+    """Parse ``["key=value", ...]`` from the command line.
+
+    Raises:
+        ConfigError: for an item without ``=``.
+    """
+    out: dict[str, str] = {}
+    for item in pairs:
+        if "=" not in item:
+            raise ConfigError(f"expected KEY=VALUE, got '{item}'")
+        key, value = item.split("=", 1)
+        out[key.strip()] = value.strip()
+    return out

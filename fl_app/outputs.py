@@ -1,0 +1,102 @@
+"""Run outputs (DESIGN.md section 9): config.json, metrics.csv, summary.json, accuracy.png.
+
+``metrics.csv`` is appended one row per evaluation and flushed at once, so a
+killed run keeps every row written so far.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: Columns every metrics.csv starts with; strategies may add more after them.
+METRIC_COLUMNS = (
+    "global_iteration", "server_updates", "virtual_time_s", "wall_time_s",
+    "test_accuracy", "test_loss", "bytes_up", "bytes_down", "exchanges",
+)
+
+
+def default_output_dir(strategy: str, dataset: str, seed: int, root: str = "runs") -> Path:
+    """``runs/<strategy>-<dataset>-seed<seed>-<YYYYmmdd-HHMMSS>``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(root) / f"{strategy}-{dataset}-seed{seed}-{stamp}"
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+class RunRecorder:
+    """Writes one run's directory.
+
+    Args:
+        out_dir: the run directory (created).
+        config: the resolved configuration, written to config.json with
+            ``extra`` (device profiles, model figures) beside it.
+    """
+
+    def __init__(self, out_dir: str | Path, config: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        payload = {"config": dict(config), **dict(extra or {})}
+        (self.out_dir / "config.json").write_text(json.dumps(_json_safe(payload), indent=2))
+        self.metrics_path = self.out_dir / "metrics.csv"
+        if self.metrics_path.exists():
+            self.metrics_path.unlink()
+        self._columns: list[str] | None = None
+        self.rows: list[dict[str, Any]] = []
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        """Append one evaluation row to metrics.csv (header on the first row)."""
+        row = dict(row)
+        if self._columns is None:
+            self._columns = list(METRIC_COLUMNS) + [k for k in row if k not in METRIC_COLUMNS]
+            with self.metrics_path.open("w", newline="") as fh:
+                csv.writer(fh).writerow(self._columns)
+        with self.metrics_path.open("a", newline="") as fh:
+            csv.writer(fh).writerow([row.get(c, "") for c in self._columns])
+        self.rows.append(row)
+
+    def finish(self, summary: Mapping[str, Any]) -> dict[str, Any]:
+        """Write summary.json and accuracy.png; returns the summary written."""
+        summary = _json_safe(dict(summary))
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if self.rows:
+            plot_accuracy(self.rows, self.out_dir / "accuracy.png", title=str(summary.get("strategy", "")))
+        return summary
+
+
+def plot_accuracy(rows: list[Mapping[str, Any]], path: Path, title: str = "") -> None:
+    """Accuracy against global iteration and against virtual time (two panels)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    it = [r["global_iteration"] for r in rows]
+    vt = [r["virtual_time_s"] for r in rows]
+    acc = [r["test_accuracy"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    axes[0].plot(it, acc, marker="o")
+    axes[0].set_xlabel("global iteration")
+    axes[0].set_ylabel("test accuracy")
+    axes[1].plot(vt, acc, marker="o")
+    axes[1].set_xlabel("virtual time (s)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,103 @@
+"""The ServerApp: wires configuration, task, clock, strategy and outputs together.
+
+This module is the one place where ``fl_app`` meets ``strategies`` and
+``simulation`` (DESIGN.md section 2). The same :func:`run_server` runs under
+``flwr run .`` (Ray simulation or deployment), under the in-process engine
+and under :func:`flwr.simulation.run_simulation`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fl_app.config import RunConfig
+from fl_app.errors import ConfigError
+from fl_app.outputs import RunRecorder, default_output_dir
+from fl_app.task import Task, check_batch_size, load_task
+
+log = logging.getLogger("sflower")
+
+
+@dataclass
+class RunPlan:
+    """Everything checked before a run starts, so bad input fails before any output.
+
+    Attributes:
+        cfg: the resolved configuration.
+        task: dataset, partitions, model.
+        strategy_cls: the strategy class.
+        profiles: the device profiles drawn from the seed.
+        out_dir: where the outputs go.
+    """
+
+    cfg: RunConfig
+    task: Task
+    strategy_cls: type
+    profiles: list[Any]
+    out_dir: Path
+
+
+def plan_run(cfg: RunConfig) -> RunPlan:
+    """Validate a configuration completely and resolve its pieces.
+
+    Raises:
+        ConfigError: unknown strategy, dataset, model or heterogeneity model,
+            missing data, impossible partition, cut layer out of range,
+            batch size larger than a partition.
+    """
+    from simulation.heterogeneity import draw_profiles
+    from strategies.registry import get_strategy
+
+    strategy_cls = get_strategy(cfg.strategy)
+    profiles = draw_profiles(cfg.heterogeneity, cfg.num_clients, cfg.seed)
+    task = load_task(cfg)
+    check_batch_size(task, cfg.batch_size)
+    out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
+    return RunPlan(cfg, task, strategy_cls, profiles, out)
+
+
+def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str, Any]:
+    """Run the planned strategy on ``grid``; write the outputs; return the summary."""
+    from simulation.clock import VirtualClock, WallClock, ZeroTiming
+    from simulation.heterogeneity import DeviceTiming
+
+    cfg = plan.cfg
+    if cfg.clock == "virtual":
+        clock, timing = VirtualClock(), DeviceTiming(plan.profiles, cfg.seed)
+    else:
+        clock, timing = WallClock(), ZeroTiming()
+    extra = {
+        "device_profiles": [p.as_dict() for p in plan.profiles],
+        "model_blocks": [
+            {"name": b.name, "forward_flops": b.forward_flops, "backward_flops": b.backward_flops,
+             "param_bytes": b.param_bytes, "output_shape": list(b.output_shape)}
+            for b in plan.task.profiles
+        ],
+        "partition_sizes": [len(p) for p in plan.task.partitions],
+    }
+    recorder = RunRecorder(plan.out_dir, cfg.as_dict(), extra)
+    strategy = plan.strategy_cls(cfg, plan.task, clock=clock, timing=timing, recorder=recorder, progress=progress)
+    strategy.start(grid)
+    return strategy.summary_dict()
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Entry point under ``flwr run``: the run config comes from ``context.run_config``."""
+    try:
+        plan = plan_run(RunConfig.from_mapping(context.run_config))
+    except ConfigError as err:
+        log.error("sflower: %s", err)
+        raise SystemExit(2) from None
+    summary = run_server(grid, plan)
+    log.info("sflower: %s finished: final accuracy %.4f, outputs in %s",
+             summary["strategy"], summary["final_accuracy"], plan.out_dir)

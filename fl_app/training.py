@@ -1,0 +1,154 @@
+"""Client-side training primitives, shared by the ClientApp and the server.
+
+Everything here is stateless: the state a client carries between messages
+(weights, optimizer momentum, sampler position) is passed in and returned as
+Flower records, because live objects do not survive between a node's
+messages (DESIGN.md section 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord
+from torch import nn
+
+from fl_app.protocol import record_state, state_record
+from fl_app.task import Task, seeded_generator
+
+#: Seed-stream tags, so that the streams drawn from one run seed never overlap.
+STREAM_SAMPLER = 7
+STREAM_AUGMENT = 11
+
+
+def make_sgd(model: nn.Module, lr: float, momentum: float, weight_decay: float) -> torch.optim.SGD:
+    """SGD over ``model``'s parameters (the GAS paper's optimiser)."""
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def optimizer_record(model: nn.Module, opt: torch.optim.Optimizer) -> ArrayRecord:
+    """The optimizer's momentum buffers keyed by parameter name.
+
+    Parameters without a buffer (before the first step) are left out.
+    """
+    names = {id(p): n for n, p in model.named_parameters()}
+    bufs = {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            buf = opt.state.get(p, {}).get("momentum_buffer")
+            if buf is not None:
+                bufs[names[id(p)]] = buf
+    return state_record(bufs)
+
+
+def load_optimizer(model: nn.Module, opt: torch.optim.Optimizer, record: ArrayRecord | None) -> None:
+    """Restore momentum buffers saved by :func:`optimizer_record`."""
+    if record is None:
+        return
+    bufs = record_state(record)
+    for name, p in model.named_parameters():
+        if name in bufs:
+            opt.state[p]["momentum_buffer"] = bufs[name]
+
+
+def clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, clip_norm: float) -> None:
+    """Clip the gradient norm to ``clip_norm`` (0 = no clipping), then step."""
+    if clip_norm > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def sample_batch(task: Task, partition_id: int, sampler: ConfigRecord, batch_size: int) -> np.ndarray:
+    """Next mini-batch of a client, without replacement within an epoch.
+
+    Each epoch is a permutation of the partition seeded by
+    ``(seed, partition_id, epoch)``; a batch that would run past the end
+    starts a new epoch (the partial remainder is dropped). ``sampler`` holds
+    ``epoch`` and ``pos`` and is updated in place.
+
+    Returns:
+        int64 ``[batch_size]`` indices into the training set.
+
+    Raises:
+        ValueError: ``batch_size`` exceeds the partition size.
+    """
+    part = task.partitions[partition_id]
+    n = len(part)
+    if batch_size > n:
+        raise ValueError(f"batch size {batch_size} exceeds partition {partition_id} size {n}")
+    epoch, pos = int(sampler.get("epoch", 0)), int(sampler.get("pos", 0))
+    if pos + batch_size > n:
+        epoch, pos = epoch + 1, 0
+    perm = np.random.default_rng([task.seed, STREAM_SAMPLER, partition_id, epoch]).permutation(n)
+    batch = part[perm[pos:pos + batch_size]]
+    sampler["epoch"], sampler["pos"] = epoch, pos + batch_size
+    return batch.astype(np.int64)
+
+
+def load_batch(task: Task, partition_id: int, indices: Iterable[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The normalised (and, for CIFAR, augmented) batch of a client's step.
+
+    The augmentation is seeded by ``(seed, partition_id, step)``, so that the
+    forward pass and its recomputation in ``train.backward`` see identical
+    inputs.
+
+    Returns:
+        ``(x, y)``: float32 ``[B, C, H, W]`` and int64 ``[B]``.
+    """
+    gen = seeded_generator(task.seed, STREAM_AUGMENT, partition_id, step)
+    return task.data.train_batch(np.asarray(list(indices), dtype=np.int64), gen)
+
+
+def local_fit(
+    model: nn.Module,
+    task: Task,
+    partition_id: int,
+    sampler: ConfigRecord,
+    *,
+    iterations: int,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    clip_norm: float,
+) -> float:
+    """Full-model local training (FL baselines): ``iterations`` SGD steps.
+
+    Starts from a fresh optimizer. ``sampler`` (``epoch``, ``pos``,
+    ``step``) is updated in place.
+
+    Returns:
+        the mean training loss over the steps.
+    """
+    opt = make_sgd(model, lr, momentum, weight_decay)
+    model.train()
+    total = 0.0
+    for _ in range(iterations):
+        step = int(sampler.get("step", 0))
+        idx = sample_batch(task, partition_id, sampler, batch_size)
+        x, y = load_batch(task, partition_id, idx, step)
+        sampler["step"] = step + 1
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        clip_and_step(model, opt, clip_norm)
+        total += float(loss.detach())
+    return total / max(iterations, 1)
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float, int]:
+    """Mean cross-entropy loss, accuracy and example count over ``batches``."""
+    model.eval()
+    loss_sum, correct, count = 0.0, 0, 0
+    for x, y in batches:
+        logits = model(x)
+        loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == y).sum())
+        count += int(y.numel())
+    model.train()
+    if count == 0:
+        return float("nan"), float("nan"), 0
+    return loss_sum / count, correct / count, count

@@ -1,0 +1,301 @@
+"""Benchmark: GAS activation generation per server update (statistics + top-up).
+
+Compares, on one stream of synthetic non-IID buffers, side by side:
+
+(a)  straightforward full covariance, as GAS's reference code does it: keep
+     Sigma_y (D x D) per label, merge each flush in by eqs. 11-12, and at every
+     flush build ``MultivariateNormal(mu_y, Sigma_y + r I)`` (default argument
+     validation, so a Cholesky for the check and one for the factor) for each
+     label that needs generated activations, then sample.
+(a') the same, but caching each label's Cholesky factor until its statistics
+     change (a stronger baseline than the reference code; for honesty).
+(b)  ``LabelGaussians(covariance="full")``: factored, never refactorised per
+     flush (see strategies/generation.py); same distribution.
+(c)  ``LabelGaussians(covariance="diagonal")``.
+
+Time per update = statistics update + sampling the top-up. (b) and (c) are
+timed after ``warmup`` updates so the factors have their steady-state size
+(every label already compressed at least once), over ``updates`` updates, so
+the amortised cost of the compressions is included. (a) and (a') cost the same
+at every flush whatever the history (D x D work per label), so they are timed
+on ``baseline_updates`` flushes once every label has statistics.
+
+Run: ``python -m simulation.bench_generation`` (or ``python simulation/bench_generation.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from strategies.generation import LabelGaussians, log_progress_weight  # noqa: E402
+
+
+# --------------------------------------------------------------------- data
+class _Stream:
+    """Deterministic non-IID buffers: each flush holds ``labels_per_buffer`` labels."""
+
+    def __init__(self, dim, num_classes, buffer, labels_per_buffer, seed):
+        self.dim, self.num_classes, self.buffer = dim, num_classes, buffer
+        self.labels_per_buffer = labels_per_buffer
+        self.seed = seed
+        g = torch.Generator().manual_seed(seed)
+        # Label prototypes with some shared low-rank structure, like conv features.
+        self.protos = torch.randn(num_classes, dim, generator=g) * 0.5
+        self.mix = torch.randn(num_classes, 16, dim, generator=g) * 0.3
+
+    def flush(self, i):
+        """The i-th buffer (i >= 0): (activations float32 [buffer, dim], labels int64)."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i + 1)
+        if i == 0:  # the first flush sees every label so that generation can start
+            labels = torch.arange(self.buffer) % self.num_classes
+        else:
+            chosen = torch.randperm(self.num_classes, generator=g)[: self.labels_per_buffer]
+            labels = chosen[torch.randint(0, len(chosen), (self.buffer,), generator=g)]
+        z = torch.randn(self.buffer, 16, generator=g)
+        x = self.protos[labels] + torch.einsum("nk,nkd->nd", z, self.mix[labels])
+        x = torch.relu(x + torch.randn(self.buffer, self.dim, generator=g))
+        return x, labels.to(torch.int64)
+
+
+# ----------------------------------------------------------------- baseline
+class _Straightforward:
+    """Sigma_y kept explicitly; MultivariateNormal rebuilt at every flush."""
+
+    def __init__(self, num_classes, dim, regulariser=1e-5, weighting="linear", cache=False):
+        self.C, self.D, self.r, self.weighting, self.cache = num_classes, dim, regulariser, weighting, cache
+        self.n = 0
+        self.logw = [-math.inf] * num_classes
+        self.mean = [None] * num_classes
+        self.cov = [None] * num_classes
+        self.tril = [None] * num_classes  # cached factor (cache=True)
+
+    def update(self, x, labels):
+        self.n += 1
+        log_s = log_progress_weight(self.n, self.weighting)
+        x = x.reshape(x.shape[0], -1).to(torch.float64)
+        for y in torch.unique(labels).tolist():
+            xb = x[labels == y]
+            k = xb.shape[0]
+            mu_b = xb.mean(0)
+            dev = xb - mu_b
+            cov_b = dev.T @ dev / k
+            log_wb = log_s + math.log(k)
+            if self.mean[y] is None:
+                self.mean[y], self.cov[y], self.logw[y] = mu_b, cov_b, log_wb
+            else:
+                hi, lo = max(self.logw[y], log_wb), min(self.logw[y], log_wb)
+                logw = hi + math.log1p(math.exp(lo - hi))
+                a = math.exp(self.logw[y] - logw)
+                b = 1.0 - a
+                delta = self.mean[y] - mu_b
+                self.mean[y] = a * self.mean[y] + b * mu_b
+                cov = self.cov[y].mul_(a).add_(cov_b, alpha=b)
+                cov.addr_(delta, delta, alpha=a * b)
+                self.logw[y] = logw
+            self.tril[y] = None
+
+    def generate(self, labels_present, per_label, generator):
+        counts = torch.bincount(labels_present, minlength=self.C).tolist()
+        acts, labs = [], []
+        eye = torch.eye(self.D, dtype=torch.float64)
+        for y in range(self.C):
+            need = per_label - counts[y]
+            if need <= 0:
+                continue
+            if self.cache:
+                if self.tril[y] is None:
+                    self.tril[y] = torch.linalg.cholesky(self.cov[y] + self.r * eye)
+                mvn = torch.distributions.MultivariateNormal(
+                    self.mean[y], scale_tril=self.tril[y], validate_args=False
+                )
+            else:
+                mvn = torch.distributions.MultivariateNormal(
+                    self.mean[y], covariance_matrix=self.cov[y] + self.r * eye
+                )
+            # torch's sampler draws from the global RNG; seed it from `generator`
+            # so the baseline is reproducible too (cost negligible).
+            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+            acts.append(mvn.sample((need,)).to(torch.float32))
+            labs.append(torch.full((need,), y, dtype=torch.int64))
+        if not acts:
+            return torch.empty(0, self.D), torch.empty(0, dtype=torch.int64)
+        return torch.cat(acts), torch.cat(labs)
+
+
+# --------------------------------------------------------------- reference
+def _server_step_time(batch, num_classes, repeats=3):
+    """One SGD step of GAS's AlexNet server part (conv128, conv256, conv256,
+    pool(3,2)-relu, fc1024, fc512, fc) on a [batch, 64, 7, 7] input."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(128, 256, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(256, 256, 3, padding=1), nn.MaxPool2d(3, 2), nn.ReLU(),
+        nn.Flatten(), nn.Linear(256 * 3 * 3, 1024), nn.ReLU(),
+        nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, num_classes),
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    x = torch.randn(batch, 64, 7, 7)
+    y = torch.randint(0, num_classes, (batch,))
+    best = math.inf
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+        opt.step()
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+# --------------------------------------------------------------------- run
+def _time_ours(stream, covariance, warmup, updates, per_label, seed, check=None):
+    lg = LabelGaussians(stream.num_classes, stream.dim, covariance=covariance)
+    gen = torch.Generator().manual_seed(seed)
+    total, n_gen, compressions0 = 0.0, 0, 0
+    for i in range(warmup + updates):
+        x, y = stream.flush(i)
+        timed = i >= warmup
+        if timed and i == warmup:
+            compressions0 = lg.num_compressions
+        t0 = time.perf_counter()
+        lg.update(x, y)
+        if lg.ready():
+            ga, _ = lg.generate(y, per_label, gen)
+            n_gen += ga.shape[0] if timed else 0
+        dt = time.perf_counter() - t0
+        if timed:
+            total += dt
+        if check is not None and i + 1 == check[0]:
+            check[1](lg)
+    widths = []
+    if covariance == "full":
+        widths = [(stream.dim if lg._states[c].L is not None else 0) + lg.pending_columns(c)
+                  for c in range(stream.num_classes)]
+    return {
+        "per_update_s": total / updates,
+        "generated_per_update": n_gen / updates,
+        "compressions_in_window": lg.num_compressions - compressions0,
+        "factor_widths_end": widths,
+    }
+
+
+def _time_baseline(stream, cache, baseline_updates, per_label, seed):
+    base = _Straightforward(stream.num_classes, stream.dim, cache=cache)
+    gen = torch.Generator().manual_seed(seed)
+    total = 0.0
+    i = 0
+    timed = 0
+    while timed < baseline_updates:
+        x, y = stream.flush(i)
+        ready = all(m is not None for m in base.mean)
+        t0 = time.perf_counter()
+        base.update(x, y)
+        if all(m is not None for m in base.mean):
+            base.generate(y, per_label, gen)
+        dt = time.perf_counter() - t0
+        if ready:  # every label already had statistics: a steady-state flush
+            total += dt
+            timed += 1
+        i += 1
+    return total / baseline_updates, base, i
+
+
+def run(
+    dim=3136,
+    num_classes=10,
+    buffer=320,
+    per_label=32,
+    updates=60,
+    seed=0,
+    *,
+    warmup=100,
+    baseline_updates=3,
+    labels_per_buffer=4,
+    server_step=True,
+) -> dict:
+    """Time one server update's generation work for (a), (a'), (b), (c).
+
+    Returns seconds per update for each, the ratios, and a check that (b)'s
+    distribution equals the straightforward one on the same data.
+    """
+    stream = _Stream(dim, num_classes, buffer, labels_per_buffer, seed)
+    res = {"dim": dim, "num_classes": num_classes, "buffer": buffer, "per_label": per_label,
+           "labels_per_buffer": labels_per_buffer, "warmup": warmup, "updates": updates,
+           "baseline_updates": baseline_updates, "threads": torch.get_num_threads()}
+
+    t_a, base, n_base = _time_baseline(stream, False, baseline_updates, per_label, seed)
+    res["straightforward_s"] = t_a
+
+    # Same data, same eqs.: (b)'s sampled mean/covariance must equal (a)'s.
+    def check(lg):
+        eye = torch.eye(dim, dtype=torch.float64)
+        dm = dc = 0.0
+        for c in range(num_classes):
+            dm = max(dm, float((lg.mean(c) - base.mean[c]).abs().max()))
+            target = base.cov[c] + 1e-5 * eye
+            dc = max(dc, float((lg.covariance(c) - target).abs().max() / target.abs().max()))
+        res["max_abs_mean_diff_vs_a"] = dm
+        res["max_rel_cov_diff_vs_a"] = dc
+
+    ours = _time_ours(stream, "full", warmup, updates, per_label, seed, check=(n_base, check))
+    del base
+    res["ours_full_s"] = ours["per_update_s"]
+    res["generated_per_update"] = ours["generated_per_update"]
+    res["compressions_in_window"] = ours["compressions_in_window"]
+    res["factor_widths_end"] = ours["factor_widths_end"]
+
+    diag = _time_ours(stream, "diagonal", warmup, updates, per_label, seed)
+    res["ours_diagonal_s"] = diag["per_update_s"]
+
+    t_cached, base, _ = _time_baseline(stream, True, baseline_updates, per_label, seed)
+    del base
+    res["cached_cholesky_s"] = t_cached
+
+    if server_step:
+        res["server_step_s"] = _server_step_time(buffer + int(round(res["generated_per_update"])),
+                                                 num_classes)
+    res["ratio_a_over_b"] = t_a / res["ours_full_s"]
+    res["ratio_cached_over_b"] = t_cached / res["ours_full_s"]
+    return res
+
+
+def _main():
+    t0 = time.perf_counter()
+    r = run()
+    print(f"GAS generation per server update: D={r['dim']}, {r['num_classes']} labels, "
+          f"buffer {r['buffer']} with {r['labels_per_buffer']} labels, top-up to "
+          f"{r['per_label']}/label (~{r['generated_per_update']:.0f} generated), "
+          f"{r['threads']} threads")
+    rows = [
+        ("(a)  straightforward full: MVN rebuilt per flush", r["straightforward_s"]),
+        ("(a') full, Cholesky cached until stats change", r["cached_cholesky_s"]),
+        ("(b)  ours full (factored, amortised compressions)", r["ours_full_s"]),
+        ("(c)  ours diagonal", r["ours_diagonal_s"]),
+    ]
+    if "server_step_s" in r:
+        rows.append(("     ref: one AlexNet server SGD step", r["server_step_s"]))
+    for name, t in rows:
+        print(f"  {name:<52s} {t * 1e3:10.1f} ms")
+    print(f"  ratio (a)/(b)  = {r['ratio_a_over_b']:.1f}x")
+    print(f"  ratio (a')/(b) = {r['ratio_cached_over_b']:.1f}x")
+    print(f"  (b) window: {r['updates']} updates after {r['warmup']} warm-up, "
+          f"{r['compressions_in_window']} compressions; factor widths at end "
+          f"{min(r['factor_widths_end'])}..{max(r['factor_widths_end'])}")
+    print(f"  same distribution as (a): max |mean diff| = {r['max_abs_mean_diff_vs_a']:.2e}, "
+          f"max rel cov diff = {r['max_rel_cov_diff_vs_a']:.2e}")
+    print(f"  total bench time {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,459 @@
+"""Device heterogeneity models: how fast each client computes and communicates.
+
+A *profile* (:class:`DeviceProfile`) describes one client's device: its compute
+speed in FLOP/s, its uplink and downlink rates in bits/s and, for the wireless
+model, its distance to the server in km. :class:`DeviceTiming` turns work
+(FLOPs, bits sent, bits received) into virtual seconds on that device; the
+event loop uses those seconds to order client replies (DESIGN.md §5 and §6).
+
+Three models are available (:data:`HETEROGENEITY`):
+
+``"gas"``
+    The wireless cell of the GAS paper (gas-aaai2025, "Experimental setup"; its
+    reference code sets the constants). Client ``k`` gets a compute speed
+    ``f_k ~ U[1e9, 1e10]`` FLOP/s and a distance ``r_k ~ U[0.1, 1]`` km from
+    the server at the centre of a 1 km cell. The path loss is
+    ``128.1 + 37.6 log10(r)`` dB (3GPP, Abeta 2010), the channel gain
+    ``h = 10^(-PL/10)`` and the uplink rate (orthogonal access)
+    ``R_k = W log2(1 + P h / (W N0))`` with ``W = 10`` MHz, ``P = 0.2`` W and
+    ``N0 = -174`` dBm/Hz ``= 3.981e-21`` W/Hz. Downlink time is ignored
+    unless asked for, in which case the downlink uses the same rate.
+``"exponential"``
+    The straggler model of MU-SplitFed (mu-splitfed, "Experimental Setup",
+    following GAS and Reisizadeh et al. 2022): every device has the same speed
+    (5e9 FLOP/s) and communication is free, but each exchange's computation
+    time is multiplied by an independent ``Exp(1)`` draw (mean 1), so the mean
+    time equals the nominal one while single exchanges straggle.
+``"none"``
+    Identical devices (5e9 FLOP/s), free communication: a homogeneous baseline.
+
+Everything is drawn from the run's seed, and a given client's profile and
+delays do not depend on how many clients there are or on the order in which
+exchanges are timed, so runs are reproducible whatever the real scheduling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from numbers import Integral, Real
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from fl_app.errors import ConfigError
+from strategies.clock import Timing
+
+if TYPE_CHECKING:  # pragma: no cover - only for type checkers
+    import pandas as pd
+
+__all__ = [
+    "HETEROGENEITY",
+    "STRAGGLERS",
+    "GAS_FLOPS_RANGE",
+    "GAS_DISTANCE_RANGE_KM",
+    "GAS_BANDWIDTH_HZ",
+    "GAS_TX_POWER_W",
+    "GAS_NOISE_W_PER_HZ",
+    "DEFAULT_FLOPS_PER_S",
+    "path_loss_db",
+    "channel_rate_bps",
+    "DeviceProfile",
+    "draw_profiles",
+    "DeviceTiming",
+    "profiles_frame",
+]
+
+#: Names accepted by :func:`draw_profiles` (the ``heterogeneity`` config key).
+HETEROGENEITY: tuple[str, ...] = ("gas", "exponential", "none")
+
+#: Values of :attr:`DeviceProfile.straggler`.
+STRAGGLERS: tuple[str, ...] = ("none", "exponential")
+
+#: GAS: client compute speed range, FLOP/s (uniform).
+GAS_FLOPS_RANGE: tuple[float, float] = (1e9, 1e10)
+#: GAS: client distance to the server, km (uniform; 1 km cell radius).
+GAS_DISTANCE_RANGE_KM: tuple[float, float] = (0.1, 1.0)
+#: GAS: total uplink bandwidth W, Hz (10 MHz).
+GAS_BANDWIDTH_HZ: float = 10e6
+#: GAS: client transmit power P, W.
+GAS_TX_POWER_W: float = 0.2
+#: GAS: noise power spectral density N0 = -174 dBm/Hz, in W/Hz.
+GAS_NOISE_W_PER_HZ: float = 3.981e-21
+#: Compute speed of every device in the "exponential" and "none" models, FLOP/s.
+DEFAULT_FLOPS_PER_S: float = 5e9
+
+# Sub-seed tags, so that profile draws and straggler delays are independent of
+# each other and of any other use of the run's seed.
+_PROFILE_STREAM = 1
+_DELAY_STREAM = 2
+
+
+# --------------------------------------------------------------------------
+# Wireless channel (GAS paper)
+# --------------------------------------------------------------------------
+
+
+def _positive_distance(distance_km: Any) -> np.ndarray:
+    d = np.asarray(distance_km, dtype=float)
+    if d.size and not np.all(d > 0):  # also rejects NaN
+        raise ConfigError(f"distance must be positive (km), got {distance_km!r}")
+    return d
+
+
+def _scalar_or_array(x: np.ndarray, like: Any) -> float | np.ndarray:
+    return float(x) if np.ndim(like) == 0 else x
+
+
+def path_loss_db(distance_km: float | np.ndarray) -> float | np.ndarray:
+    """Path loss in dB at ``distance_km`` km: ``128.1 + 37.6 * log10(r)``.
+
+    Source: GAS paper (gas-aaai2025, experimental setup), the 3GPP macro-cell
+    model cited there as Abeta 2010. 128.1 dB at 1 km, 90.5 dB at 0.1 km.
+
+    Args:
+        distance_km: distance from client to server in km, a scalar or an array.
+
+    Returns:
+        A float for scalar input, else an ``np.ndarray`` of the same shape.
+
+    Raises:
+        ConfigError: if any distance is not positive (or is NaN).
+    """
+    d = _positive_distance(distance_km)
+    return _scalar_or_array(128.1 + 37.6 * np.log10(d), distance_km)
+
+
+def channel_rate_bps(
+    distance_km: float | np.ndarray,
+    bandwidth_hz: float = GAS_BANDWIDTH_HZ,
+    tx_power_w: float = GAS_TX_POWER_W,
+    noise_w_per_hz: float = GAS_NOISE_W_PER_HZ,
+) -> float | np.ndarray:
+    """Shannon rate in bits/s of a client ``distance_km`` km from the server.
+
+    ``R = W * log2(1 + P * h / (W * N0))`` with channel gain
+    ``h = 10 ** (-PL / 10)`` and ``PL = path_loss_db(r)``. Defaults are the GAS
+    paper's: ``W = 10`` MHz, ``P = 0.2`` W, ``N0 = -174`` dBm/Hz
+    ``= 3.981e-21`` W/Hz, which give about 8.30 Mbit/s at 1 km and
+    121.3 Mbit/s at 0.1 km.
+
+    Args:
+        distance_km: distance in km, a scalar or an array.
+        bandwidth_hz: bandwidth ``W`` in Hz.
+        tx_power_w: transmit power ``P`` in W.
+        noise_w_per_hz: noise power spectral density ``N0`` in W/Hz.
+
+    Returns:
+        A float for scalar input, else an ``np.ndarray`` of the same shape.
+
+    Raises:
+        ConfigError: if a distance, the bandwidth, the power or the noise
+            density is not positive.
+    """
+    for name, value in (
+        ("bandwidth_hz", bandwidth_hz),
+        ("tx_power_w", tx_power_w),
+        ("noise_w_per_hz", noise_w_per_hz),
+    ):
+        if not (isinstance(value, Real) and value > 0 and math.isfinite(value)):
+            raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+    d = _positive_distance(distance_km)
+    gain = 10.0 ** (-(128.1 + 37.6 * np.log10(d)) / 10.0)
+    snr = tx_power_w * gain / (bandwidth_hz * noise_w_per_hz)
+    rate = bandwidth_hz * np.log2(1.0 + snr)
+    return _scalar_or_array(rate, distance_km)
+
+
+# --------------------------------------------------------------------------
+# Profiles
+# --------------------------------------------------------------------------
+
+
+def _json_float(x: float) -> float | str | None:
+    if math.isnan(x):
+        return None
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return float(x)
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One client's device.
+
+    Attributes:
+        partition_id: the client (data partition) this device belongs to.
+        flops_per_s: compute speed in FLOP/s (positive, finite).
+        uplink_bps: client-to-server rate in bits/s; ``math.inf`` means uplink
+            time is ignored.
+        downlink_bps: server-to-client rate in bits/s; ``math.inf`` (the
+            default in every model) means downlink time is ignored.
+        distance_km: distance to the server in km for the GAS wireless model;
+            ``math.nan`` when not applicable.
+        straggler: ``"none"``, or ``"exponential"`` for MU-SplitFed stragglers
+            (each exchange's compute time is multiplied by an ``Exp(1)`` draw,
+            see :class:`DeviceTiming`).
+
+    Raises:
+        ConfigError: on construction with a negative ``partition_id``, a
+            non-positive speed or rate, or an unknown ``straggler``.
+    """
+
+    partition_id: int
+    flops_per_s: float
+    uplink_bps: float = math.inf
+    downlink_bps: float = math.inf
+    distance_km: float = math.nan
+    straggler: str = "none"
+
+    def __post_init__(self) -> None:
+        if (
+            not isinstance(self.partition_id, Integral)
+            or isinstance(self.partition_id, bool)
+            or self.partition_id < 0
+        ):
+            raise ConfigError(
+                f"partition_id must be a non-negative integer, got {self.partition_id!r}"
+            )
+        if not (self.flops_per_s > 0 and math.isfinite(self.flops_per_s)):
+            raise ConfigError(
+                f"flops_per_s must be positive and finite, got {self.flops_per_s!r}"
+            )
+        for name in ("uplink_bps", "downlink_bps"):
+            value = getattr(self, name)
+            if not value > 0:  # also rejects NaN; inf is allowed
+                raise ConfigError(f"{name} must be positive (or inf), got {value!r}")
+        if self.straggler not in STRAGGLERS:
+            raise ConfigError(
+                f"unknown straggler model {self.straggler!r}; "
+                f"choose one of {', '.join(STRAGGLERS)}"
+            )
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the profile as a strict-JSON-friendly dict.
+
+        Units are those of the attributes (FLOP/s, bits/s, km). Infinite rates
+        become the string ``"inf"`` (meaning "this time is ignored"), and a NaN
+        distance becomes ``None`` (JSON ``null``, "not applicable"), so the
+        result passes ``json.dumps(..., allow_nan=False)``.
+        """
+        out: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            out[key] = _json_float(value) if isinstance(value, float) else value
+        return out
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, Integral) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def draw_profiles(
+    kind: str, num_clients: int, seed: int, *, downlink: bool = False
+) -> list[DeviceProfile]:
+    """Draw the device profiles of ``num_clients`` clients (partition ids 0..n-1).
+
+    Models (see the module docstring for sources):
+
+    * ``"gas"`` (GAS paper): ``f_k ~ U[1e9, 1e10]`` FLOP/s,
+      ``r_k ~ U[0.1, 1]`` km, ``uplink_bps = channel_rate_bps(r_k)``;
+      ``downlink_bps`` is the same rate if ``downlink`` else ``inf``.
+    * ``"exponential"`` (MU-SplitFed): ``f = 5e9`` FLOP/s for all, infinite
+      rates, ``straggler="exponential"``.
+    * ``"none"``: ``f = 5e9`` FLOP/s for all, infinite rates, no stragglers.
+
+    Profile ``k`` is drawn from its own generator
+    ``np.random.default_rng([seed, 1, k])``, so it depends only on
+    ``(kind, seed, k)``: adding clients keeps the earlier profiles, and the
+    draws are independent of other uses of ``seed``.
+
+    Args:
+        kind: one of :data:`HETEROGENEITY`.
+        num_clients: number of clients, >= 1.
+        seed: the run's seed, an integer >= 0.
+        downlink: GAS only: also charge downlink time, at the uplink rate.
+
+    Returns:
+        A list of ``num_clients`` profiles, ordered by partition id.
+
+    Raises:
+        ConfigError: for an unknown ``kind``, ``num_clients < 1`` or a
+            negative / non-integer ``seed``.
+    """
+    if kind not in HETEROGENEITY:
+        raise ConfigError(
+            f"unknown heterogeneity model {kind!r}; choose one of {', '.join(HETEROGENEITY)}"
+        )
+    n = _check_int("num_clients", num_clients, 1)
+    seed = _check_int("seed", seed, 0)
+
+    profiles = []
+    for k in range(n):
+        if kind == "gas":
+            rng = np.random.default_rng([seed, _PROFILE_STREAM, k])
+            flops = float(rng.uniform(*GAS_FLOPS_RANGE))
+            distance = float(rng.uniform(*GAS_DISTANCE_RANGE_KM))
+            rate = float(channel_rate_bps(distance))
+            profiles.append(
+                DeviceProfile(
+                    partition_id=k,
+                    flops_per_s=flops,
+                    uplink_bps=rate,
+                    downlink_bps=rate if downlink else math.inf,
+                    distance_km=distance,
+                    straggler="none",
+                )
+            )
+        else:
+            profiles.append(
+                DeviceProfile(
+                    partition_id=k,
+                    flops_per_s=DEFAULT_FLOPS_PER_S,
+                    straggler="exponential" if kind == "exponential" else "none",
+                )
+            )
+    return profiles
+
+
+def profiles_frame(profiles: Sequence[DeviceProfile]) -> "pd.DataFrame":
+    """Tabulate profiles for reports: one row per client, indexed by partition id.
+
+    Columns are the :class:`DeviceProfile` fields in their units (FLOP/s,
+    bits/s, km) with ``inf`` / ``NaN`` kept as floats, plus two convenience
+    columns ``gflops_per_s`` (GFLOP/s) and ``uplink_mbps`` (Mbit/s).
+    """
+    import pandas as pd
+
+    columns = [f.name for f in fields(DeviceProfile)]
+    frame = pd.DataFrame([asdict(p) for p in profiles], columns=columns)
+    frame["gflops_per_s"] = frame["flops_per_s"].astype(float) / 1e9
+    frame["uplink_mbps"] = frame["uplink_bps"].astype(float) / 1e6
+    return frame.set_index("partition_id")
+
+
+# --------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------
+
+
+class DeviceTiming(Timing):
+    """Maps work to virtual seconds on each client's device.
+
+    ``duration = flops / f_k * s + bits_up / uplink_bps + bits_down / downlink_bps``
+    where ``s = 1`` for ordinary devices and ``s ~ Exp(1)`` (MU-SplitFed
+    stragglers) when the profile's ``straggler`` is ``"exponential"``;
+    infinite rates contribute 0 s.
+
+    Args:
+        profiles: one profile per client; partition ids must be unique.
+        seed: the run's seed (integer >= 0) for the straggler delays.
+        batch_parallel: GAS reference-compatible accounting (DESIGN.md §6).
+            When true, the *caller* passes the FLOPs of ONE sample per pass
+            instead of the whole batch, as GAS's reference code does (the
+            batch is treated as processed in parallel). This class only
+            records the flag in :attr:`batch_parallel`; the formula above is
+            the same either way.
+
+    Raises:
+        ConfigError: for an empty profile list, duplicate partition ids or a
+            bad seed.
+    """
+
+    def __init__(
+        self, profiles: Sequence[DeviceProfile], seed: int, batch_parallel: bool = False
+    ) -> None:
+        if len(profiles) == 0:
+            raise ConfigError("DeviceTiming needs at least one device profile")
+        self.seed: int = _check_int("seed", seed, 0)
+        self.batch_parallel: bool = bool(batch_parallel)
+        self._profiles: dict[int, DeviceProfile] = {}
+        for p in profiles:
+            if p.partition_id in self._profiles:
+                raise ConfigError(f"duplicate device profile for partition {p.partition_id}")
+            self._profiles[p.partition_id] = p
+
+    @property
+    def profiles(self) -> list[DeviceProfile]:
+        """The profiles, ordered by partition id."""
+        return [self._profiles[k] for k in sorted(self._profiles)]
+
+    def profile(self, partition_id: int) -> DeviceProfile:
+        """The profile of ``partition_id``.
+
+        Raises:
+            ConfigError: if no profile exists for that partition.
+        """
+        try:
+            return self._profiles[partition_id]
+        except KeyError:
+            raise ConfigError(
+                f"no device profile for partition {partition_id!r} "
+                f"({len(self._profiles)} profiles)"
+            ) from None
+
+    def straggler_factor(self, partition_id: int, draw: int = 0) -> float:
+        """Multiplier of the compute time of exchange ``draw`` of a client.
+
+        1.0 unless the profile's straggler is ``"exponential"``; then an
+        ``Exp(1)`` draw from ``np.random.default_rng([seed, 2, partition_id, draw])``
+        (MU-SplitFed), so it depends only on (seed, client, draw).
+
+        Raises:
+            ConfigError: unknown partition; ValueError: negative ``draw``.
+        """
+        profile = self.profile(partition_id)
+        if profile.straggler != "exponential":
+            return 1.0
+        if not isinstance(draw, Integral) or draw < 0:
+            raise ValueError(f"draw must be a non-negative integer, got {draw!r}")
+        rng = np.random.default_rng([self.seed, _DELAY_STREAM, int(partition_id), int(draw)])
+        return float(rng.exponential(1.0))
+
+    def duration(
+        self,
+        partition_id: int,
+        flops: float,
+        bits_up: float = 0.0,
+        bits_down: float = 0.0,
+        draw: int = 0,
+    ) -> float:
+        """Virtual seconds that client ``partition_id`` needs for one exchange.
+
+        Args:
+            partition_id: the client.
+            flops: computation of the exchange in FLOPs (one sample's FLOPs
+                when :attr:`batch_parallel` accounting is used by the caller).
+            bits_up: bits sent to the server.
+            bits_down: bits received from the server.
+            draw: per-client exchange counter the caller increments, so the
+                random straggler delay of an exchange does not depend on the
+                order in which exchanges are timed.
+
+        Returns:
+            ``flops / f_k * factor + bits_up / uplink_bps + bits_down / downlink_bps``
+            seconds, where ``factor`` is :meth:`straggler_factor`.
+
+        Raises:
+            ConfigError: unknown partition.
+            ValueError: negative or non-finite ``flops`` / bits, negative ``draw``.
+        """
+        for name, value in (("flops", flops), ("bits_up", bits_up), ("bits_down", bits_down)):
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a non-negative finite number, got {value!r}")
+        p = self.profile(partition_id)
+        seconds = 0.0
+        if flops:
+            seconds += flops / p.flops_per_s * self.straggler_factor(partition_id, draw)
+        if bits_up and math.isfinite(p.uplink_bps):
+            seconds += bits_up / p.uplink_bps
+        if bits_down and math.isfinite(p.downlink_bps):
+            seconds += bits_down / p.downlink_bps
+        return float(seconds)
+
+    def __repr__(self) -> str:
+        return (
+            f"DeviceTiming({len(self._profiles)} devices, seed={self.seed}, "
+            f"batch_parallel={self.batch_parallel})"
+        )

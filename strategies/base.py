@@ -1,0 +1,489 @@
+"""The base class that owns the event loop of every sflower strategy.
+
+DESIGN.md section 5. :class:`SFLStrategy` subclasses Flower's
+``Strategy`` and overrides ``start(grid, ...)``. It owns:
+
+* node discovery and the ``query.info`` handshake (node id -> partition id,
+  example counts, label histograms);
+* client selection (seeded);
+* the :class:`~strategies.dispatcher.Dispatcher` (one message in flight per
+  node, due times from the :class:`~strategies.clock.Timing`);
+* evaluation of the global model, metric rows, progress, stop conditions;
+* error replies: the client's work is dropped, the client is excluded, and
+  the run goes on.
+
+Two loop shapes are provided:
+
+* :class:`SyncStrategy`: ``run_round(cohort)`` per global iteration; a
+  round's virtual time is its slowest member's.
+* :class:`AsyncStrategy`: ``on_reply(pid, action, content)`` for each reply
+  in virtual completion-time order; the subclass calls
+  :meth:`SFLStrategy.end_global_iteration` when a global iteration is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from fl_app import protocol as P
+from fl_app.config import RunConfig
+from fl_app.models import BlockModel
+from fl_app.task import Task
+from fl_app.training import evaluate_model
+from strategies.clock import Clock, Timing
+from strategies.dispatcher import Dispatcher
+
+log = logging.getLogger("sflower")
+
+STREAM_SELECTION = 3
+
+
+class DivergedError(RuntimeError):
+    """Training produced a non-finite loss; the run stops, metrics are kept."""
+
+
+class RunFailedError(RuntimeError):
+    """The run cannot go on (no live clients, handshake failure)."""
+
+
+@dataclass
+class ClientInfo:
+    """What the handshake tells about a client.
+
+    Attributes:
+        partition_id: the data partition it holds.
+        node_id: its Flower node id.
+        num_examples: training examples ``|D_k|``.
+        label_histogram: int64 ``[num_classes]`` label counts.
+    """
+
+    partition_id: int
+    node_id: int
+    num_examples: int
+    label_histogram: np.ndarray
+
+
+class SFLStrategy(Strategy):
+    """Base class of all strategies; subclasses supply hooks, not loops.
+
+    Args:
+        cfg: the run configuration.
+        task: dataset, partitions and model.
+        clock: virtual or wall clock.
+        timing: device timing (seconds per piece of client work).
+        recorder: receives one metric row per evaluation (``append(row)``)
+            and the summary (``finish(summary)``); optional.
+        progress: show a progress bar.
+    """
+
+    #: Registry name, e.g. ``"splitfed-v1"``.
+    name: ClassVar[str] = ""
+
+    def __init__(self, cfg: RunConfig, task: Task, *, clock: Clock, timing: Timing,
+                 recorder: Any = None, progress: bool = True) -> None:
+        self.cfg = cfg
+        self.task = task
+        self.clock = clock
+        self.timing = timing
+        self.recorder = recorder
+        self.progress = progress
+        self.rng = np.random.default_rng([cfg.seed, STREAM_SELECTION])
+        self.global_iteration = 0
+        self.server_updates = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self.clients: dict[int, ClientInfo] = {}
+        self.failed: set[int] = set()
+        self.rows: list[dict[str, Any]] = []
+        self.best_accuracy = float("nan")
+        self.status = "running"
+        self._draws: dict[int, int] = defaultdict(int)
+        self._wall0 = time.monotonic()
+        self._bar: Any = None
+        self.dispatcher: Dispatcher | None = None
+
+    # ------------------------------------------------------------------ Flower API
+    # Flower's per-round API is not used: start() runs the strategy's own loop.
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """Unused: sflower strategies run their own loop in :meth:`start`."""
+        raise NotImplementedError("sflower strategies run their own event loop in start()")
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Unused: see :meth:`configure_train`."""
+        raise NotImplementedError("sflower strategies run their own event loop in start()")
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """Unused: evaluation is centralised, see :meth:`evaluate_global`."""
+        raise NotImplementedError("sflower strategies evaluate centrally")
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Unused: see :meth:`configure_evaluate`."""
+        raise NotImplementedError("sflower strategies evaluate centrally")
+
+    def summary(self) -> None:
+        """Log the strategy and its main settings."""
+        c = self.cfg
+        log.info("%s: %d clients, %d concurrent, %d global iterations, E=%d, B=%d, lr=%g",
+                 self.name, c.num_clients, c.concurrency, c.global_iterations,
+                 c.local_iterations, c.batch_size, c.lr)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
+              timeout: float | None = None, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Run the whole strategy on ``grid`` and return Flower's ``Result``.
+
+        ``initial_arrays`` (full-model weights) replace the seeded initial
+        model when given; ``num_rounds`` overrides ``global-iterations``.
+
+        Raises:
+            DivergedError: a loss became non-finite (metrics so far are kept).
+            RunFailedError: handshake failed or every client failed.
+        """
+        if num_rounds is not None:
+            self.cfg = self.cfg.replace(global_iterations=num_rounds)
+        self.summary()
+        self.connect(grid, timeout if timeout is not None else self.cfg.node_timeout)
+        self.initialize()
+        if initial_arrays is not None:
+            self.global_model().load_state_dict(P.record_state(initial_arrays))
+        self._open_progress()
+        try:
+            self.evaluate_and_record()
+            if not self.should_stop():
+                self.run()
+            self.status = "completed"
+        except DivergedError as err:
+            self.status = f"diverged: {err}"
+            raise
+        except RunFailedError as err:
+            self.status = f"failed: {err}"
+            raise
+        finally:
+            self._close_progress()
+            if self.recorder is not None:
+                self.recorder.finish(self.summary_dict())
+        result = Result(arrays=P.state_record(self.global_model().state_dict()))
+        for row in self.rows:
+            result.evaluate_metrics_serverapp[int(row["global_iteration"])] = MetricRecord(
+                {k: float(v) for k, v in row.items() if isinstance(v, (int, float))})
+        return result
+
+    # ------------------------------------------------------------------ hooks
+    def initialize(self) -> None:
+        """Build server-side state (models, buffers) after the handshake."""
+
+    def run(self) -> None:
+        """The strategy's loop; provided by :class:`SyncStrategy` / :class:`AsyncStrategy`."""
+        raise NotImplementedError
+
+    def global_model(self) -> BlockModel:
+        """The full model evaluated on the test set (client ∘ server parts)."""
+        raise NotImplementedError
+
+    def extra_metrics(self) -> dict[str, float]:
+        """Extra columns for the metric row of the current evaluation."""
+        return {}
+
+    def on_failure(self, partition_id: int, action: str, reason: str) -> None:
+        """Called after a client's error reply or timeout (it is already excluded)."""
+
+    # ------------------------------------------------------------------ handshake
+    def connect(self, grid: Grid, timeout: float) -> None:
+        """Wait for ``num-clients`` nodes, handshake, and map node ids to partitions.
+
+        Raises:
+            RunFailedError: too few nodes within ``timeout`` seconds, or a
+                node's handshake failed, or two nodes claim one partition.
+        """
+        need = self.cfg.num_clients
+        t0 = time.monotonic()
+        node_ids = list(grid.get_node_ids())
+        while len(node_ids) < need:
+            if time.monotonic() - t0 > timeout:
+                raise RunFailedError(f"only {len(node_ids)} of {need} nodes connected after {timeout:.0f} s")
+            time.sleep(0.2)
+            node_ids = list(grid.get_node_ids())
+        task_record = ConfigRecord({k: v for k, v in self.cfg.as_dict().items()})
+        msgs = [Message(RecordDict({P.TASK: task_record}), nid, P.QUERY_INFO) for nid in node_ids]
+        ids = set(grid.push_messages(msgs))
+        replies: list[Message] = []
+        while ids:
+            if time.monotonic() - t0 > timeout:
+                raise RunFailedError(f"{len(ids)} nodes did not answer the handshake within {timeout:.0f} s")
+            got = list(grid.pull_messages(list(ids)))
+            for r in got:
+                ids.discard(r.metadata.reply_to_message_id)
+            replies.extend(got)
+            if ids:
+                time.sleep(0.01)
+        for reply in replies:
+            if reply.has_error():
+                raise RunFailedError(f"handshake failed on node {reply.metadata.src_node_id}: {reply.error.reason.strip().splitlines()[-1]}")
+            info = reply.content.config_records[P.INFO]
+            pid = int(info["partition-id"])
+            if pid in self.clients:
+                raise RunFailedError(f"nodes {self.clients[pid].node_id} and {reply.metadata.src_node_id} both hold partition {pid}")
+            self.clients[pid] = ClientInfo(pid, reply.metadata.src_node_id, int(info["num-examples"]),
+                                           np.asarray(info["label-histogram"], dtype=np.int64))
+        missing = sorted(set(range(need)) - set(self.clients))
+        if missing:
+            raise RunFailedError(f"no node holds partitions {missing}")
+        self.dispatcher = Dispatcher(grid, self.clock, {p: c.node_id for p, c in self.clients.items()},
+                                     timeout=self.cfg.node_timeout)
+
+    # ------------------------------------------------------------------ selection
+    def live_clients(self) -> list[int]:
+        """Partition ids not excluded after a failure, ascending."""
+        return [p for p in sorted(self.clients) if p not in self.failed]
+
+    def select(self, k: int, exclude: Iterable[int] = ()) -> list[int]:
+        """Draw up to ``k`` distinct live clients uniformly (seeded), excluding some."""
+        skip = set(exclude)
+        pool = [p for p in self.live_clients() if p not in skip]
+        k = min(k, len(pool))
+        if k == 0:
+            return []
+        return [int(pool[i]) for i in self.rng.choice(len(pool), size=k, replace=False)]
+
+    # ------------------------------------------------------------------ messaging
+    def send(self, pid: int, action: str, content: RecordDict, *, flops: float, bits_up: float = 0.0) -> None:
+        """Send work to a client; it is due after its device's compute + transfer time.
+
+        Args:
+            flops: the client's compute for this message (FLOPs).
+            bits_up: bits the client uploads in its reply (activations, weights).
+        Downlink bits are the message's own array payload.
+        """
+        assert self.dispatcher is not None
+        down = sum(P.record_bytes(r) for r in content.array_records.values())
+        self.bytes_down += down
+        draw = self._draws[pid]
+        self._draws[pid] += 1
+        duration = self.timing.duration(pid, flops, bits_up, 8.0 * down, draw)
+        self.dispatcher.send(pid, action, content, duration)
+
+    def receive(self) -> tuple[int, str, RecordDict | None]:
+        """The next reply in clock order: ``(partition_id, action, content)``.
+
+        ``content`` is ``None`` when the client failed (error reply or
+        timeout); the client is then excluded and :meth:`on_failure` called.
+        """
+        assert self.dispatcher is not None
+        pending, reply = self.dispatcher.next_reply()
+        pid = pending.partition_id
+        if reply is None or reply.has_error():
+            reason = "timed out" if reply is None else reply.error.reason.strip().splitlines()[-1]
+            log.warning("client %d failed on %s (%s); excluded from the run", pid, pending.action, reason)
+            self.failed.add(pid)
+            self.on_failure(pid, pending.action, reason)
+            if not self.live_clients():
+                raise RunFailedError("every client has failed")
+            return pid, pending.action, None
+        self.bytes_up += sum(P.record_bytes(r) for r in reply.content.array_records.values())
+        return pid, pending.action, reply.content
+
+    def gather(self, requests: dict[int, tuple[str, RecordDict, float, float]]) -> dict[int, RecordDict]:
+        """Send one message per client and wait for all (a synchronous step).
+
+        Args:
+            requests: ``pid -> (action, content, flops, bits_up)``.
+
+        Returns:
+            ``pid -> reply content`` for the clients that succeeded. The clock
+            ends at the latest due time among them.
+        """
+        for pid, (action, content, flops, bits_up) in requests.items():
+            self.send(pid, action, content, flops=flops, bits_up=bits_up)
+        out: dict[int, RecordDict] = {}
+        for _ in requests:
+            pid, _, content = self.receive()
+            if content is not None:
+                out[pid] = content
+        return out
+
+    # ------------------------------------------------------------------ figures
+    def client_flops(self, cut: int, batch: int, *, forward: bool = True, backward: bool = False) -> float:
+        """FLOPs of the client-side model (blocks ``[0, cut)``) on a batch.
+
+        The first block's backward excludes the input gradient, which real
+        training never computes.
+        """
+        prof = self.task.profiles[:cut]
+        total = 0.0
+        if forward:
+            total += sum(b.forward_flops for b in prof)
+        if backward:
+            total += sum(b.backward_flops for b in prof) - prof[0].forward_flops
+        return total * batch
+
+    def activation_bits(self, cut: int, batch: int) -> float:
+        """Bits of one activation batch (float32) plus its int64 labels."""
+        return batch * (32.0 * math.prod(self.task.profiles[cut - 1].output_shape) + 64.0)
+
+    def model_bits(self, start: int, end: int) -> float:
+        """Bits of the parameters of blocks ``[start, end)``."""
+        return 8.0 * sum(b.param_bytes for b in self.task.profiles[start:end])
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate_global(self) -> tuple[float, float]:
+        """Test loss and accuracy of :meth:`global_model`."""
+        loss, acc, _ = evaluate_model(self.global_model(), self.task.data.test_batches())
+        return loss, acc
+
+    def evaluate_and_record(self) -> dict[str, Any]:
+        """Evaluate, append a metric row, update the progress bar."""
+        loss, acc = self.evaluate_global()
+        row = {
+            "global_iteration": self.global_iteration,
+            "server_updates": self.server_updates,
+            "virtual_time_s": round(self.clock.now(), 6),
+            "wall_time_s": round(time.monotonic() - self._wall0, 3),
+            "test_accuracy": acc,
+            "test_loss": loss,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "exchanges": self.dispatcher.exchanges if self.dispatcher else 0,
+            **self.extra_metrics(),
+        }
+        self.rows.append(row)
+        if not (acc <= self.best_accuracy):
+            self.best_accuracy = acc
+        if self.recorder is not None:
+            self.recorder.append(row)
+        if self._bar is not None:
+            self._bar.set_postfix(acc=f"{acc:.4f}", vtime=f"{self.clock.now():.1f}s")
+        if not math.isfinite(loss):
+            raise DivergedError(f"test loss is {loss} at global iteration {self.global_iteration}")
+        return row
+
+    def end_global_iteration(self) -> None:
+        """Count a global iteration; evaluate when due."""
+        self.global_iteration += 1
+        if self._bar is not None:
+            self._bar.update(1)
+        every = self.cfg.eval_every
+        last = self.global_iteration >= self.cfg.global_iterations
+        if (every and self.global_iteration % every == 0) or last:
+            self.evaluate_and_record()
+
+    def should_stop(self) -> bool:
+        """Stop conditions: iteration budget, target accuracy, virtual-time budget."""
+        c = self.cfg
+        if self.global_iteration >= c.global_iterations:
+            return True
+        if c.target_accuracy > 0 and self.rows and self.rows[-1]["test_accuracy"] >= c.target_accuracy:
+            return True
+        if c.max_virtual_time > 0 and self.clock.now() >= c.max_virtual_time:
+            return True
+        return False
+
+    @staticmethod
+    def check_loss(loss: torch.Tensor, where: str) -> None:
+        """Raise :class:`DivergedError` when a training loss is not finite."""
+        if not torch.isfinite(loss).all():
+            raise DivergedError(f"non-finite training loss ({float(loss)}) in {where}")
+
+    def summary_dict(self) -> dict[str, Any]:
+        """The summary.json content."""
+        last = self.rows[-1] if self.rows else {}
+        return {
+            "strategy": self.name,
+            "status": self.status,
+            "final_accuracy": last.get("test_accuracy", float("nan")),
+            "best_accuracy": self.best_accuracy,
+            "final_loss": last.get("test_loss", float("nan")),
+            "global_iterations": self.global_iteration,
+            "server_updates": self.server_updates,
+            "virtual_time_s": self.clock.now(),
+            "wall_time_s": time.monotonic() - self._wall0,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "exchanges": self.dispatcher.exchanges if self.dispatcher else 0,
+            "failed_clients": sorted(self.failed),
+        }
+
+    # ------------------------------------------------------------------ progress
+    def _open_progress(self) -> None:
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self.cfg.global_iterations, desc=self.name, unit="it", leave=True)
+
+    def _close_progress(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+class SyncStrategy(SFLStrategy):
+    """Synchronous strategies: select a cohort, run a round, repeat."""
+
+    def run(self) -> None:
+        """Rounds until a stop condition holds."""
+        while not self.should_stop():
+            cohort = self.select(self.cfg.concurrency)
+            if not cohort:
+                raise RunFailedError("no live clients left to select")
+            self.run_round(cohort)
+            self.end_global_iteration()
+
+    def run_round(self, cohort: list[int]) -> None:
+        """One global iteration with ``cohort`` (partition ids)."""
+        raise NotImplementedError
+
+
+class AsyncStrategy(SFLStrategy):
+    """Asynchronous strategies: handle replies one by one in clock order.
+
+    The subclass starts work in :meth:`launch` (called for each free slot),
+    handles each reply in :meth:`on_reply`, and calls
+    :meth:`end_global_iteration` when its global iteration completes.
+    """
+
+    def run(self) -> None:
+        """Keep ``concurrency`` clients busy; dispatch replies until a stop condition."""
+        assert self.dispatcher is not None
+        for pid in self.select(self.cfg.concurrency):
+            self.launch(pid)
+        while not self.should_stop():
+            if self.dispatcher.in_flight == 0:
+                raise RunFailedError("no client is training and none can be started")
+            pid, action, content = self.receive()
+            if content is None:
+                self.refill()
+                continue
+            self.on_reply(pid, action, content)
+
+    def idle_clients(self) -> list[int]:
+        """Live clients with no message in flight."""
+        assert self.dispatcher is not None
+        return [p for p in self.live_clients() if not self.dispatcher.busy(p)]
+
+    def refill(self) -> None:
+        """Start new clients (uniformly from the idle ones) until ``concurrency`` are busy."""
+        assert self.dispatcher is not None
+        free = self.cfg.concurrency - self.dispatcher.in_flight
+        busy = [p for p in self.live_clients() if self.dispatcher.busy(p)]
+        for pid in self.select(free, exclude=busy):
+            self.launch(pid)
+
+    def launch(self, pid: int) -> None:
+        """Start a client's local work."""
+        raise NotImplementedError
+
+    def on_reply(self, pid: int, action: str, content: RecordDict) -> None:
+        """Handle one reply (in virtual completion-time order)."""
+        raise NotImplementedError

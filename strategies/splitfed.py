@@ -1,0 +1,84 @@
+"""Synchronous SFL baselines: SplitFed-V1 and MiniBatch-SFL (DESIGN.md section 7)."""
+
+from __future__ import annotations
+
+import torch
+
+from fl_app.models import BlockModel
+from strategies.aggregation import weighted_average
+from strategies.registry import register
+from strategies.split import SyncSplitStrategy, copy_model, server_step
+
+
+@register
+class SplitFedV1(SyncSplitStrategy):
+    """SplitFed-V1 (Thapa et al. 2022): a server-side model copy per client.
+
+    Each cohort member trains its own copy of the server-side model on its
+    activations; at the end of the round the copies are averaged (weights
+    ``|D_k|``), as are the client-side models.
+    """
+
+    name = "splitfed-v1"
+
+    def begin_round(self, cohort: list[int]) -> None:
+        """Give each cohort member a copy of the server-side model and a fresh optimizer."""
+        self.copies: dict[int, BlockModel] = {pid: copy_model(self.server_model) for pid in cohort}
+        self.copy_opts = {pid: self.server_optimizer(m) for pid, m in self.copies.items()}
+
+    def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
+        """One step of each client's server copy on its own batch."""
+        grads = {}
+        for pid in sorted(batches):
+            x, y = batches[pid]
+            grads[pid], _ = server_step(self.copies[pid], self.copy_opts[pid], x, y, self.cfg.clip_norm)
+            self.server_updates += 1
+        return grads
+
+    def end_round(self, cohort: list[int]) -> None:
+        """Average the server copies of the clients that finished the round."""
+        if cohort:
+            states = [self.copies[p].state_dict() for p in cohort]
+            self.server_model.load_state_dict(weighted_average(states, [self.aggregation_weight(p) for p in cohort]))
+        self.copies, self.copy_opts = {}, {}
+
+
+@register
+class MiniBatchSFL(SyncSplitStrategy):
+    """MiniBatch-SFL (Huang et al. 2023): one server step on the cohort's concatenated activations.
+
+    Client ``k``'s batch is ``B·C·|D_k| / Σ_{cohort}|D|`` (at least 1), so the
+    concatenated batch holds about ``B·C`` samples (GAS's baseline code).
+    The loss is the mean over the concatenated batch; each client receives
+    the gradient of that loss scaled by ``ΣB / B_k``, i.e. the gradient of
+    its own mean loss, so a client's step size does not shrink with the
+    cohort size. Client-side models are averaged with weights ``|D_k|``.
+    """
+
+    name = "minibatch-sfl"
+
+    def initialize(self) -> None:
+        """One server-side model with a persistent optimizer."""
+        super().initialize()
+        self.server_opt = self.server_optimizer(self.server_model)
+
+    def batch_size_for(self, pid: int, cohort: list[int]) -> int:
+        """``B·C·|D_k| / Σ_cohort |D|``, clipped to ``[1, |D_k|]``."""
+        total = sum(self.clients[p].num_examples for p in cohort)
+        n_k = self.clients[pid].num_examples
+        share = round(self.cfg.batch_size * len(cohort) * n_k / total)
+        return int(min(max(share, 1), n_k))
+
+    def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
+        """One step on ``concat(activations)``; split the gradient back per client."""
+        pids = sorted(batches)
+        x = torch.cat([batches[p][0] for p in pids])
+        y = torch.cat([batches[p][1] for p in pids])
+        grad, _ = server_step(self.server_model, self.server_opt, x, y, self.cfg.clip_norm)
+        self.server_updates += 1
+        out, start = {}, 0
+        for p in pids:
+            b = batches[p][0].shape[0]
+            out[p] = grad[start:start + b] * (x.shape[0] / b)
+            start += b
+        return out

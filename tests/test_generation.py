@@ -1,0 +1,330 @@
+"""Tests for strategies/generation.py: GAS per-label Gaussians (eqs. 11-12)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fl_app.errors import ConfigError
+from strategies.generation import (
+    EXPONENTIAL_RATE,
+    WEIGHTINGS,
+    LabelGaussians,
+    progress_weight,
+)
+
+REG = 1e-5
+
+
+def _stream(num_updates, num_classes, dim, seed=0, batch=9, skip=None):
+    """Random flushes; ``skip(n)`` gives labels left out of flush n."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.arange(1, dim + 1, dtype=torch.float32)
+    out = []
+    for n in range(1, num_updates + 1):
+        labels = torch.randint(0, num_classes, (batch,), generator=g)
+        if skip is not None:
+            for y in skip(n):
+                labels[labels == y] = (y + 1) % num_classes
+        acts = torch.randn(batch, dim, generator=g) * scale + 0.3 * n + labels[:, None]
+        out.append((acts, labels))
+    return out
+
+
+def _direct(stream, label, weights):
+    """Weighted mean and population covariance over all activations of ``label``."""
+    xs, ws = [], []
+    for (acts, labels), w in zip(stream, weights):
+        m = (labels == label).numpy()
+        xs.append(acts.numpy().astype(np.float64)[m])
+        ws.append(np.full(m.sum(), w))
+    x, w = np.concatenate(xs), np.concatenate(ws)
+    mu = np.average(x, axis=0, weights=w)
+    cov = np.cov(x.T, aweights=w, bias=True).reshape(x.shape[1], x.shape[1])
+    # bias=True divides by the total weight, the paper's S_N: check it explicitly.
+    d = x - mu
+    assert np.allclose(cov, (w[:, None] * d).T @ d / w.sum())
+    return mu, cov
+
+
+# ---------------------------------------------------------------- weights
+def test_progress_weight_values():
+    assert [progress_weight(n) for n in (1, 2, 7)] == [1.0, 2.0, 7.0]
+    assert progress_weight(3, "linear") == 3.0
+    assert progress_weight(3, "polynomial") == pytest.approx(9.0)
+    assert progress_weight(1, "polynomial") == pytest.approx(1.0)
+    assert progress_weight(4, "exponential") == pytest.approx(math.exp(0.4))
+    assert EXPONENTIAL_RATE == 0.1
+    # increasing, as the paper requires
+    for kind in WEIGHTINGS:
+        ws = [progress_weight(n, kind) for n in range(1, 20)]
+        assert all(a < b for a, b in zip(ws, ws[1:]))
+    assert progress_weight(100_000, "exponential") == math.inf
+
+
+def test_progress_weight_rejects_bad_input():
+    with pytest.raises(ConfigError):
+        progress_weight(1, "cubic")
+    with pytest.raises(ValueError):
+        progress_weight(0)
+    with pytest.raises(ValueError):
+        progress_weight(1.5)
+
+
+def test_constructor_rejects_bad_names():
+    with pytest.raises(ConfigError):
+        LabelGaussians(3, 4, covariance="banded")
+    with pytest.raises(ConfigError):
+        LabelGaussians(3, 4, weighting="quadratic")
+    with pytest.raises(ConfigError):
+        LabelGaussians(3, 4, regulariser=-1.0)
+    with pytest.raises(ConfigError):
+        LabelGaussians(0, 4)
+    with pytest.raises(ConfigError):
+        LabelGaussians(3, 0)
+    assert issubclass(ConfigError, ValueError)
+
+
+# ----------------------------------------------------------- eqs. 11 - 12
+def test_hand_worked_1d_two_updates():
+    lg = LabelGaussians(1, 1, covariance="full")
+    lg.update(torch.tensor([[0.0], [2.0]]), torch.tensor([0, 0]))  # s(1) = 1 each
+    assert lg.mean(0).item() == pytest.approx(1.0)
+    assert lg.covariance(0, regularised=False).item() == pytest.approx(1.0)  # ((0-1)^2+(2-1)^2)/2
+    lg.update(torch.tensor([[4.0]]), torch.tensor([0]))  # s(2) = 2
+    # S = 1 + 1 + 2 = 4;  mu = (0 + 2 + 2*4) / 4 = 2.5
+    assert lg.mean(0).item() == pytest.approx(2.5, abs=1e-12)
+    # Sigma = (1*(0-2.5)^2 + 1*(2-2.5)^2 + 2*(4-2.5)^2) / 4 = (6.25 + 0.25 + 4.5) / 4 = 2.75
+    assert lg.covariance(0, regularised=False).item() == pytest.approx(2.75, abs=1e-12)
+    assert lg.covariance(0).item() == pytest.approx(2.75 + REG, abs=1e-12)
+    assert lg.total_weight(0) == pytest.approx(4.0)
+
+    diag = LabelGaussians(1, 1, covariance="diagonal")
+    diag.update(torch.tensor([[0.0], [2.0]]), torch.tensor([0, 0]))
+    diag.update(torch.tensor([[4.0]]), torch.tensor([0]))
+    assert diag.mean(0).item() == pytest.approx(2.5, abs=1e-12)
+    assert diag.covariance(0).item() == pytest.approx(2.75 + REG, abs=1e-12)
+
+
+def test_matches_paper_recursion_one_activation_at_a_time():
+    """Eqs. 11-12 applied literally, activation by activation."""
+    stream = _stream(5, 2, 3, seed=3)
+    lg = LabelGaussians(2, 3, max_pending=2)
+    for acts, labels in stream:
+        lg.update(acts, labels)
+    for label in range(2):
+        S, mu, sig = 0.0, np.zeros(3), np.zeros((3, 3))
+        for n, (acts, labels) in enumerate(stream, start=1):
+            for a in acts.numpy().astype(np.float64)[(labels == label).numpy()]:
+                s = float(n)
+                mu_new = S / (S + s) * mu + s / (S + s) * a  # (11)
+                sig = (S * (sig + np.outer(mu_new - mu, mu_new - mu))
+                       + s * np.outer(mu_new - a, mu_new - a)) / (S + s)  # (12)
+                mu, S = mu_new, S + s
+        np.testing.assert_allclose(lg.mean(label).numpy(), mu, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(lg.covariance(label, regularised=False).numpy(), sig,
+                                   rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("weighting", WEIGHTINGS)
+@pytest.mark.parametrize("covariance", ["full", "diagonal"])
+def test_weighted_mean_and_covariance_over_all_updates(covariance, weighting):
+    dim, classes = 4, 3
+    # label 2 is left out of flushes 2-4, label 0 out of flush 5
+    stream = _stream(7, classes, dim, seed=1,
+                     skip=lambda n: [2] if 2 <= n <= 4 else ([0] if n == 5 else []))
+    lg = LabelGaussians(classes, dim, covariance=covariance, weighting=weighting)
+    for acts, labels in stream:
+        lg.update(acts.reshape(-1, 1, 2, 2), labels)  # [N, ...] is flattened
+    assert lg.num_updates == 7
+    weights = [progress_weight(n, weighting) for n in range(1, 8)]
+    for label in range(classes):
+        mu, cov = _direct(stream, label, weights)
+        np.testing.assert_allclose(lg.mean(label).numpy(), mu, rtol=1e-12, atol=1e-12)
+        got = lg.covariance(label).numpy()
+        want = cov + REG * np.eye(dim) if covariance == "full" else np.diag(cov) + REG
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
+        raw = lg.covariance(label, regularised=False).numpy()
+        np.testing.assert_allclose(raw, cov if covariance == "full" else np.diag(cov),
+                                   rtol=1e-11, atol=1e-11)
+        assert lg.count(label) == sum(int((lab == label).sum()) for _, lab in stream)
+
+
+def test_diagonal_equals_diagonal_of_full():
+    stream = _stream(6, 2, 5, seed=2)
+    full = LabelGaussians(2, 5, covariance="full", max_pending=3)
+    diag = LabelGaussians(2, 5, covariance="diagonal")
+    for acts, labels in stream:
+        full.update(acts, labels)
+        diag.update(acts, labels)
+    for label in range(2):
+        torch.testing.assert_close(diag.mean(label), full.mean(label), rtol=1e-13, atol=1e-13)
+        torch.testing.assert_close(diag.covariance(label), torch.diagonal(full.covariance(label)),
+                                   rtol=1e-11, atol=1e-11)
+
+
+def test_exponential_weights_do_not_overflow():
+    stream = _stream(3, 1, 3, seed=4)
+    lg = LabelGaussians(1, 3, weighting="exponential")
+    progress = [9_000, 9_001, 9_005]  # exp(0.1 * 9000) overflows a float64
+    for (acts, labels), n in zip(stream, progress):
+        lg.update(acts, labels, progress=n)
+    assert lg.num_updates == 9_005
+    rel = [math.exp(EXPONENTIAL_RATE * (n - progress[-1])) for n in progress]
+    mu, cov = _direct(stream, 0, rel)
+    np.testing.assert_allclose(lg.mean(0).numpy(), mu, rtol=1e-12)
+    np.testing.assert_allclose(lg.covariance(0, regularised=False).numpy(), cov, rtol=1e-10,
+                               atol=1e-10)
+
+
+def test_empty_flush_only_advances_the_counter():
+    lg = LabelGaussians(2, 3)
+    lg.update(torch.empty(0, 3), torch.empty(0, dtype=torch.int64))
+    assert lg.num_updates == 1 and not lg.has_stats(0)
+    lg.update(torch.ones(2, 3), torch.tensor([1, 1]))
+    assert lg.num_updates == 2 and lg.total_weight(1) == pytest.approx(4.0)  # 2 * s(2)
+
+
+def test_update_rejects_bad_shapes_and_labels():
+    lg = LabelGaussians(2, 3)
+    with pytest.raises(ValueError):
+        lg.update(torch.ones(2, 4), torch.tensor([0, 1]))
+    with pytest.raises(ValueError):
+        lg.update(torch.ones(2, 3), torch.tensor([0, 2]))
+    with pytest.raises(ValueError):
+        lg.update(torch.ones(2, 3), torch.tensor([0]))
+
+
+# ------------------------------------------------------ factored sampling
+def test_factor_matches_covariance_through_compressions():
+    dim = 3
+    stream = _stream(12, 2, dim, seed=5, batch=5)
+    lg = LabelGaussians(2, dim, max_pending=2)
+    weights = [float(n) for n in range(1, 13)]
+    seen_states = set()
+    for i, (acts, labels) in enumerate(stream):
+        lg.update(acts, labels)
+        for label in range(2):
+            if not lg.has_stats(label):
+                continue
+            st = lg._states[label]
+            seen_states.add((st.L is not None, st.j > 0))
+            F, iso = lg.sampling_factor(label)
+            mu, cov = _direct(stream[: i + 1], label, weights)
+            target = cov + REG * np.eye(dim)
+            np.testing.assert_allclose((F @ F.T).numpy() + iso * np.eye(dim), target,
+                                       rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(lg.covariance(label).numpy(), target,
+                                       rtol=1e-10, atol=1e-12)
+            assert 0.0 <= iso <= REG
+    assert lg.num_compressions >= 4
+    assert (True, True) in seen_states  # compressed factor plus pending columns
+
+
+def test_compression_fallback_for_singular_statistics():
+    # All activations identical -> Sigma = 0; with r = 0 Cholesky fails, eigh fallback.
+    lg = LabelGaussians(1, 3, regulariser=0.0, max_pending=1)
+    for _ in range(3):
+        lg.update(torch.ones(4, 3), torch.zeros(4, dtype=torch.int64))
+    assert lg.num_compressions >= 1
+    x = lg.sample(0, 5, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(x, torch.ones(5, 3))
+
+
+def _empirical_check(lg, label, n=200_000, seed=0):
+    x = lg.sample(label, n, torch.Generator().manual_seed(seed)).double()
+    assert x.dtype == torch.float64 and x.shape == (n, lg.dim)
+    mean, cov = lg.mean(label), lg.covariance(label)
+    if cov.dim() == 1:
+        cov = torch.diag(cov)
+    sd = torch.sqrt(torch.diagonal(cov))
+    # mean: standard error sd / sqrt(n); allow ~6 standard errors
+    assert torch.all((x.mean(0) - mean).abs() < 6 * sd / math.sqrt(n))
+    # covariance: compare correlations-scaled entries; SE of each ~ 1/sqrt(n)
+    emp = torch.cov(x.T, correction=0)
+    scaled = (emp - cov) / torch.outer(sd, sd)
+    assert scaled.abs().max() < 6 * math.sqrt(2.0 / n)
+
+
+@pytest.mark.parametrize("covariance", ["full", "diagonal"])
+def test_sample_statistics(covariance):
+    dim = 3
+    stream = _stream(9, 2, dim, seed=6, batch=6)
+    lg = LabelGaussians(2, dim, covariance=covariance, max_pending=4)
+    for acts, labels in stream:
+        lg.update(acts, labels)
+    if covariance == "full":
+        st = lg._states[0]
+        assert st.L is not None and st.j > 0 and 0 < st.c < 1  # all three terms in play
+    for label in range(2):
+        _empirical_check(lg, label, seed=label)
+    out = lg.sample(0, 4, torch.Generator().manual_seed(0))
+    assert out.dtype == torch.float32 and out.shape == (4, dim)
+
+
+def test_sample_with_correlated_covariance_before_compression():
+    # Strong correlation, rank-deficient data (points on a line): only K and r I.
+    t = torch.tensor([[-1.0], [0.0], [1.0]])
+    acts = torch.cat([t, 2 * t, -t], dim=1)
+    lg = LabelGaussians(1, 3, max_pending=100)
+    lg.update(acts, torch.zeros(3, dtype=torch.int64))  # 3 columns <= D: no compression
+    assert lg._states[0].L is None
+    x = lg.sample(0, 100_000, torch.Generator().manual_seed(1)).double()
+    emp = torch.corrcoef(x.T)
+    assert emp[0, 1] > 0.999 and emp[0, 2] < -0.999
+
+
+# ----------------------------------------------------------- generation
+def _ready(classes=4, dim=3, covariance="full"):
+    lg = LabelGaussians(classes, dim, covariance=covariance)
+    lg.update(torch.randn(2 * classes, dim, generator=torch.Generator().manual_seed(0)),
+              torch.arange(2 * classes) % classes)
+    return lg
+
+
+def test_ready_only_when_every_label_has_stats():
+    lg = LabelGaussians(3, 2)
+    assert not lg.ready()
+    lg.update(torch.randn(4, 2), torch.tensor([0, 0, 2, 2]))
+    assert not lg.ready() and lg.has_stats(0) and not lg.has_stats(1) and lg.has_stats(2)
+    with pytest.raises(RuntimeError):
+        lg.generate(torch.tensor([0]), 4, torch.Generator())
+    with pytest.raises(RuntimeError):
+        lg.sample(1, 3, torch.Generator())
+    with pytest.raises(RuntimeError):
+        lg.mean(1)
+    lg.update(torch.randn(1, 2), torch.tensor([1]))
+    assert lg.ready()
+
+
+@pytest.mark.parametrize("covariance", ["full", "diagonal"])
+def test_generate_tops_up_each_label(covariance):
+    lg = _ready(covariance=covariance)
+    present = torch.tensor([2, 0, 0, 2, 0, 2, 2, 2, 0, 0, 2, 3])  # 0:5, 1:0, 2:6, 3:1
+    acts, labels = lg.generate(present, 5, torch.Generator().manual_seed(0))
+    # label 0 has 5 >= 5 -> 0; label 1 absent -> 5; label 2 has 6 -> 0; label 3 -> 4
+    assert labels.tolist() == [1] * 5 + [3] * 4
+    assert labels.dtype == torch.int64
+    assert acts.shape == (9, 3) and acts.dtype == torch.float32
+    # nothing needed -> empty outputs of the right shape
+    acts, labels = lg.generate(present, 1, torch.Generator())
+    assert labels.tolist() == [1] and acts.shape == (1, 3)
+    acts, labels = lg.generate(present, 0, torch.Generator())
+    assert acts.shape == (0, 3) and labels.shape == (0,)
+    # an empty buffer gets per_label of every label, in label order
+    acts, labels = lg.generate(torch.empty(0, dtype=torch.int64), 2, torch.Generator())
+    assert labels.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_generation_is_deterministic_per_seed():
+    lg = _ready()
+    present = torch.tensor([0, 1])
+    a1, l1 = lg.generate(present, 3, torch.Generator().manual_seed(7))
+    a2, l2 = lg.generate(present, 3, torch.Generator().manual_seed(7))
+    a3, _ = lg.generate(present, 3, torch.Generator().manual_seed(8))
+    assert torch.equal(a1, a2) and torch.equal(l1, l2)
+    assert not torch.equal(a1, a3)
+    s1 = lg.sample(2, 4, torch.Generator().manual_seed(1))
+    s2 = lg.sample(2, 4, torch.Generator().manual_seed(1))
+    assert torch.equal(s1, s2)

@@ -1,0 +1,208 @@
+"""Tests for simulation.heterogeneity (GAS wireless model, MU-SplitFed stragglers)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from fl_app.errors import ConfigError
+from simulation.heterogeneity import (
+    HETEROGENEITY,
+    DeviceProfile,
+    DeviceTiming,
+    channel_rate_bps,
+    draw_profiles,
+    path_loss_db,
+    profiles_frame,
+)
+
+# ---------------------------------------------------------------- channel
+
+
+def test_path_loss_hand_values():
+    assert path_loss_db(1.0) == pytest.approx(128.1, abs=1e-12)
+    # log10(0.1) = -1  ->  128.1 - 37.6 = 90.5
+    assert path_loss_db(0.1) == pytest.approx(90.5, abs=1e-12)
+    arr = path_loss_db(np.array([0.1, 1.0]))
+    assert isinstance(arr, np.ndarray)
+    np.testing.assert_allclose(arr, [90.5, 128.1])
+
+
+def test_channel_rate_at_1km_by_hand():
+    # PL(1 km) = 128.1 dB  ->  h = 10**(-12.81)
+    h = 10.0 ** (-12.81)
+    signal = 0.2 * h  # P*h = 0.2 W * h
+    noise = 10e6 * 3.981e-21  # W*N0 = 3.981e-14 W
+    snr = signal / noise  # about 0.778
+    expected = 10e6 * math.log2(1.0 + snr)  # about 8.30e6 bit/s
+    assert 0.77 < snr < 0.79
+    assert 8.2e6 < expected < 8.4e6
+    assert channel_rate_bps(1.0) == pytest.approx(expected, rel=1e-9)
+
+
+def test_channel_rate_at_half_km_by_hand():
+    # PL(0.5 km) = 128.1 + 37.6*log10(0.5) = 128.1 - 37.6*0.30103 = 116.7813 dB
+    pl = 128.1 + 37.6 * math.log10(0.5)
+    assert pl == pytest.approx(116.7813, abs=1e-4)
+    h = 10.0 ** (-pl / 10.0)
+    snr = 0.2 * h / (10e6 * 3.981e-21)
+    expected = 10e6 * math.log2(1.0 + snr)
+    assert channel_rate_bps(0.5) == pytest.approx(expected, rel=1e-9)
+
+
+def test_channel_rate_decreasing_in_distance():
+    d = np.linspace(0.1, 1.0, 50)
+    rates = channel_rate_bps(d)
+    assert isinstance(rates, np.ndarray)
+    assert np.all(np.diff(rates) < 0)
+    assert channel_rate_bps(0.1) > channel_rate_bps(0.5) > channel_rate_bps(1.0)
+
+
+def test_channel_bad_inputs():
+    with pytest.raises(ConfigError):
+        path_loss_db(0.0)
+    with pytest.raises(ConfigError):
+        channel_rate_bps(-1.0)
+    with pytest.raises(ConfigError):
+        channel_rate_bps(1.0, bandwidth_hz=0.0)
+
+
+# ---------------------------------------------------------------- profiles
+
+
+def test_gas_profiles_within_bounds():
+    profiles = draw_profiles("gas", 200, seed=3)
+    assert [p.partition_id for p in profiles] == list(range(200))
+    for p in profiles:
+        assert 1e9 <= p.flops_per_s <= 1e10
+        assert 0.1 <= p.distance_km <= 1.0
+        assert p.uplink_bps == pytest.approx(channel_rate_bps(p.distance_km), rel=1e-12)
+        assert channel_rate_bps(1.0) <= p.uplink_bps <= channel_rate_bps(0.1)
+        assert p.downlink_bps == math.inf
+        assert p.straggler == "none"
+
+
+def test_gas_profiles_deterministic_and_seed_dependent():
+    a = draw_profiles("gas", 10, seed=2023)
+    assert a == draw_profiles("gas", 10, seed=2023)
+    b = draw_profiles("gas", 10, seed=1998)
+    assert all(x != y for x, y in zip(a, b))
+
+
+def test_profile_k_independent_of_num_clients():
+    small = draw_profiles("gas", 5, seed=7)
+    large = draw_profiles("gas", 50, seed=7)
+    assert large[:5] == small
+
+
+def test_gas_downlink_option():
+    profiles = draw_profiles("gas", 4, seed=1, downlink=True)
+    for p in profiles:
+        assert p.downlink_bps == p.uplink_bps
+
+
+def test_exponential_and_none_profiles():
+    for kind, straggler in (("exponential", "exponential"), ("none", "none")):
+        profiles = draw_profiles(kind, 3, seed=0)
+        for p in profiles:
+            assert p.flops_per_s == 5e9
+            assert p.uplink_bps == math.inf and p.downlink_bps == math.inf
+            assert math.isnan(p.distance_km)
+            assert p.straggler == straggler
+
+
+def test_bad_kind_and_counts():
+    assert HETEROGENEITY == ("gas", "exponential", "none")
+    with pytest.raises(ConfigError):
+        draw_profiles("wireless", 3, seed=0)
+    with pytest.raises(ConfigError):
+        draw_profiles("gas", 0, seed=0)
+    with pytest.raises(ConfigError):
+        draw_profiles("gas", 3, seed=-1)
+    with pytest.raises(ConfigError):
+        DeviceProfile(partition_id=0, flops_per_s=0.0)
+    with pytest.raises(ConfigError):
+        DeviceProfile(partition_id=0, flops_per_s=1e9, straggler="slow")
+
+
+def test_as_dict_is_strict_json():
+    d = draw_profiles("none", 1, seed=0)[0].as_dict()
+    assert d["uplink_bps"] == "inf" and d["downlink_bps"] == "inf"
+    assert d["distance_km"] is None
+    json.dumps(d, allow_nan=False)
+    g = draw_profiles("gas", 1, seed=0)[0].as_dict()
+    assert isinstance(g["uplink_bps"], float) and isinstance(g["distance_km"], float)
+    json.dumps(g, allow_nan=False)
+
+
+def test_profiles_frame():
+    profiles = draw_profiles("gas", 4, seed=5)
+    frame = profiles_frame(profiles)
+    assert list(frame.index) == [0, 1, 2, 3]
+    assert frame.loc[2, "flops_per_s"] == profiles[2].flops_per_s
+    assert frame.loc[2, "uplink_mbps"] == pytest.approx(profiles[2].uplink_bps / 1e6)
+
+
+# ---------------------------------------------------------------- timing
+
+
+def test_duration_hand_value():
+    p = DeviceProfile(partition_id=0, flops_per_s=2e9, uplink_bps=4e6)
+    timing = DeviceTiming([p], seed=0)
+    # 1e9 / 2e9 = 0.5 s compute; 8e6 / 4e6 = 2.0 s uplink; downlink inf -> 0
+    assert timing.duration(0, 1e9, bits_up=8e6, bits_down=1e9) == 2.5
+
+
+def test_duration_downlink_and_infinite_rates():
+    p = DeviceProfile(partition_id=3, flops_per_s=1e9, uplink_bps=1e6, downlink_bps=2e6)
+    timing = DeviceTiming([p], seed=0)
+    assert timing.duration(3, 0.0, bits_up=1e6, bits_down=1e6) == 1.5
+    free = DeviceTiming(draw_profiles("none", 1, seed=0), seed=0)
+    assert free.duration(0, 5e9, bits_up=1e12, bits_down=1e12) == 1.0
+
+
+def test_batch_parallel_only_recorded():
+    p = DeviceProfile(partition_id=0, flops_per_s=2e9, uplink_bps=4e6)
+    a = DeviceTiming([p], seed=0, batch_parallel=True)
+    b = DeviceTiming([p], seed=0)
+    assert a.batch_parallel and not b.batch_parallel
+    assert a.duration(0, 1e9, 8e6) == b.duration(0, 1e9, 8e6) == 2.5
+
+
+def test_exponential_straggler_reproducible_and_mean():
+    profiles = draw_profiles("exponential", 3, seed=11)
+    timing = DeviceTiming(profiles, seed=11)
+    flops = 5e9  # nominal 1.0 s
+    # same draw -> same duration, regardless of what was timed in between
+    first = timing.duration(1, flops, draw=4)
+    timing.duration(2, flops, draw=0)
+    timing.duration(1, flops, draw=5)
+    assert timing.duration(1, flops, draw=4) == first
+    assert DeviceTiming(profiles, seed=11).duration(1, flops, draw=4) == first
+    # different draws / clients / seeds differ
+    assert timing.duration(1, flops, draw=5) != first
+    assert timing.duration(2, flops, draw=4) != first
+    assert DeviceTiming(profiles, seed=12).duration(1, flops, draw=4) != first
+    # mean over many draws ~ flops / f = 1.0 s (Exp(1) has mean 1)
+    samples = np.array([timing.duration(0, flops, draw=i) for i in range(20000)])
+    assert samples.min() > 0
+    assert samples.mean() == pytest.approx(1.0, rel=0.05)
+
+
+def test_non_straggler_is_deterministic():
+    timing = DeviceTiming(draw_profiles("none", 2, seed=0), seed=0)
+    assert timing.duration(1, 1e9, draw=0) == timing.duration(1, 1e9, draw=99) == 0.2
+
+
+def test_timing_errors():
+    timing = DeviceTiming(draw_profiles("none", 2, seed=0), seed=0)
+    with pytest.raises(ConfigError):
+        timing.duration(5, 1e9)
+    with pytest.raises(ValueError):
+        timing.duration(0, -1.0)
+    with pytest.raises(ConfigError):
+        DeviceTiming([], seed=0)
+    p = DeviceProfile(partition_id=0, flops_per_s=1e9)
+    with pytest.raises(ConfigError):
+        DeviceTiming([p, p], seed=0)
