@@ -42,3 +42,46 @@ def state_delta(new: State, old: State) -> dict[str, torch.Tensor]:
 def apply_update(state: State, update: State, lr: float) -> dict[str, torch.Tensor]:
     """``state + lr * update`` on the keys of ``update``; other keys unchanged."""
     return {k: (v + lr * update[k] if k in update else v.clone()) for k, v in state.items()}
+
+
+def staleness_weight(staleness: int, kind: str = "none") -> float:
+    """FedBuff's staleness discount ``s(τ)``: 1, or ``1/sqrt(1+τ)`` for ``"polynomial"``."""
+    if kind == "none":
+        return 1.0
+    if kind == "polynomial":
+        return 1.0 / (1.0 + staleness) ** 0.5
+    raise ValueError(f"unknown staleness weighting '{kind}'")
+
+
+def fedbuff_step(state: State, deltas: Sequence[State], weights: Sequence[float], server_lr: float) -> dict[str, torch.Tensor]:
+    """FedBuff (Nguyen et al. 2022): ``w + η_g · (1/K) Σ_k s_k Δ_k`` over the K buffered updates."""
+    k = len(deltas)
+    mean = {key: sum(float(w) * d[key] for d, w in zip(deltas, weights)) / k for key in deltas[0]}
+    return apply_update(state, mean, server_lr)
+
+
+def ca2fl_step(state: State, cache: Mapping[int, State], buffered: Sequence[tuple[int, State]],
+               num_clients: int, server_lr: float) -> tuple[dict[str, torch.Tensor], dict[int, State]]:
+    """CA²FL's cached update calibration (Wang et al. 2023).
+
+    With ``h_i`` the latest cached update of client i (0 if none) at the start
+    of the round and ``S`` the buffered updates::
+
+        v = (1/N) Σ_{i=1..N} h_i + (1/|S|) Σ_{(i, Δ_i) ∈ S} (Δ_i − h_i)
+        w ← w + η_g · v,   then h_i ← Δ_i for every buffered i (the latest wins).
+
+    Returns:
+        ``(new state, new cache)``; the input cache is not modified.
+    """
+    keys = list(buffered[0][1])
+    mean_cache = {k: sum((h[k] for h in cache.values()), torch.zeros_like(buffered[0][1][k])) / num_clients
+                  for k in keys}
+    calib = {k: torch.zeros_like(buffered[0][1][k]) for k in keys}
+    for pid, delta in buffered:
+        for k in keys:
+            calib[k] += delta[k] - (cache[pid][k] if pid in cache else 0.0)
+    v = {k: mean_cache[k] + calib[k] / len(buffered) for k in keys}
+    new_cache = dict(cache)
+    for pid, delta in buffered:
+        new_cache[pid] = delta
+    return apply_update(state, v, server_lr), new_cache

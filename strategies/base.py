@@ -211,7 +211,12 @@ class SFLStrategy(Strategy):
         need = self.cfg.num_clients
         t0 = time.monotonic()
         node_ids = list(grid.get_node_ids())
+        warned = False
         while len(node_ids) < need:
+            if not warned and time.monotonic() - t0 > 10:
+                log.warning("waiting for %d nodes, %d connected (num-supernodes must equal num-clients)",
+                            need, len(node_ids))
+                warned = True
             if time.monotonic() - t0 > timeout:
                 raise RunFailedError(f"only {len(node_ids)} of {need} nodes connected after {timeout:.0f} s")
             time.sleep(0.2)
@@ -275,6 +280,11 @@ class SFLStrategy(Strategy):
         duration = self.timing.duration(pid, flops, bits_up, 8.0 * down, draw)
         self.dispatcher.send(pid, action, content, duration)
 
+    def send_request(self, pid: int, request: tuple[str, RecordDict, float, float]) -> None:
+        """Send an ``(action, content, flops, bits_up)`` request (see :meth:`send`)."""
+        action, content, flops, bits_up = request
+        self.send(pid, action, content, flops=flops, bits_up=bits_up)
+
     def receive(self) -> tuple[int, str, RecordDict | None]:
         """The next reply in clock order: ``(partition_id, action, content)``.
 
@@ -305,8 +315,8 @@ class SFLStrategy(Strategy):
             ``pid -> reply content`` for the clients that succeeded. The clock
             ends at the latest due time among them.
         """
-        for pid, (action, content, flops, bits_up) in requests.items():
-            self.send(pid, action, content, flops=flops, bits_up=bits_up)
+        for pid, request in requests.items():
+            self.send_request(pid, request)
         out: dict[int, RecordDict] = {}
         for _ in requests:
             pid, _, content = self.receive()

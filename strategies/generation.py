@@ -154,10 +154,40 @@ def progress_weight(n: int, kind: str = "linear") -> float:
         return math.inf
 
 
+def _block_bounds(dim: int, max_blocks: int = 8, min_block: int = 256) -> list[int]:
+    """Row-block boundaries for the triangular products below (one block for small D)."""
+    p = min(max_blocks, max(1, dim // min_block))
+    return [round(dim * i / p) for i in range(p + 1)]
+
+
+def _syrk_lower_(G: torch.Tensor, Kt: torch.Tensor, beta: float, bounds: list[int]) -> None:
+    """G <- beta*G + Kt^T Kt on the lower block triangle of G (row blocks ``bounds``).
+
+    Only the blocks on or below the diagonal are written (about half the flops
+    of a full product); blocks above the diagonal are left as they were and must
+    not be read. With beta == 0, G's old contents are ignored (even NaN).
+    """
+    for r0, r1 in zip(bounds[:-1], bounds[1:]):
+        G[r0:r1, :r1].addmm_(Kt[:, r0:r1].T, Kt[:, :r1], beta=beta)
+
+
+def _trmm_lower(mean: torch.Tensor, e: torch.Tensor, L: torch.Tensor, alpha: float,
+                bounds: list[int]) -> torch.Tensor:
+    """mean + alpha * e @ L^T for lower-triangular L, skipping its zero blocks."""
+    out = torch.empty((e.shape[0], L.shape[0]), dtype=L.dtype)
+    for r0, r1 in zip(bounds[:-1], bounds[1:]):
+        torch.addmm(mean[r0:r1], e[:, :r1], L[r0:r1, :r1].T, alpha=alpha, out=out[:, r0:r1])
+    return out
+
+
+def _sym_from_lower(G: torch.Tensor) -> torch.Tensor:
+    return torch.tril(G) + torch.tril(G, -1).T
+
+
 class _LabelState:
     """Statistics of one label. See the module docstring for the representation."""
 
-    __slots__ = ("count", "logw", "mean", "var", "G", "L", "c", "Kt", "sc", "j")
+    __slots__ = ("count", "logw", "mean", "var", "G", "L", "L_full", "c", "Kt", "sc", "j")
 
     def __init__(self) -> None:
         self.count = 0  # activations seen
@@ -165,7 +195,8 @@ class _LabelState:
         self.mean: torch.Tensor | None = None  # [D] float64
         self.var: torch.Tensor | None = None  # [D] float64 (diagonal mode)
         self.G: torch.Tensor | None = None  # [D, D] Sigma at the last compression
-        self.L: torch.Tensor | None = None  # [D, D] chol(G + r I)
+        self.L: torch.Tensor | None = None  # [D, D] chol(G + r I), factor_dtype
+        self.L_full = False  # L is a full (eigh fallback) rather than triangular factor
         self.c = 0.0  # weight of the compressed part
         self.Kt: torch.Tensor | None = None  # [cap, D] pending columns, as rows
         self.sc: torch.Tensor | None = None  # [cap] per-column scale
@@ -200,6 +231,7 @@ class LabelGaussians:
         weighting: str = "linear",
         *,
         max_pending: int | None = None,
+        factor_dtype: torch.dtype = torch.float32,
     ) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ConfigError(f"GAS generation needs num_classes >= 1, got {num_classes!r}")
@@ -216,6 +248,8 @@ class LabelGaussians:
             raise ConfigError(f"GAS regulariser must be a number, got {regulariser!r}") from None
         if not math.isfinite(regulariser) or regulariser < 0:
             raise ConfigError(f"GAS regulariser must be finite and >= 0, got {regulariser!r}")
+        if factor_dtype not in (torch.float32, torch.float64):
+            raise ConfigError(f"factor_dtype must be torch.float32 or torch.float64, got {factor_dtype!r}")
         if max_pending is None:
             max_pending = max(1, dim // 2)
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
@@ -226,6 +260,8 @@ class LabelGaussians:
         self.regulariser = regulariser
         self.weighting = weighting
         self.max_pending = max_pending
+        self.factor_dtype = factor_dtype
+        self._bounds = _block_bounds(dim)
         self.num_updates = 0  # the progress n of the last update
         self.num_compressions = 0
         self._states = [_LabelState() for _ in range(num_classes)]
@@ -370,27 +406,33 @@ class LabelGaussians:
         st.j = need
 
     def _pending(self, st: _LabelState) -> torch.Tensor:
-        """K^T with its scales applied: [j, D]."""
+        """K^T with its scales applied: [j, D] float64 (a new tensor)."""
         return st.Kt[: st.j] * st.sc[: st.j, None]
 
     def _compress(self, st: _LabelState) -> None:
         """Fold the pending columns into G and refactor: exact, amortised."""
-        Ks = self._pending(st)
+        D = self.dim
+        Ks = st.Kt[: st.j]
+        Ks.mul_(st.sc[: st.j, None])  # in place: the buffer is emptied below
         if st.G is None:
-            G = Ks.T @ Ks
+            st.G = torch.empty((D, D), dtype=_DTYPE)
+            beta = 0.0
         else:
-            G = st.G
-            G.mul_(st.c)
-            G.addmm_(Ks.T, Ks)
-        st.G = G
-        A = G.clone()
-        A.diagonal().add_(self.regulariser)
-        L, info = torch.linalg.cholesky_ex(A)
-        del A
+            beta = st.c
+        G = st.G  # only its lower block triangle is maintained
+        _syrk_lower_(G, Ks, beta, self._bounds)
+        diag = G.diagonal().clone()
+        G.diagonal().add_(self.regulariser)
+        L, info = torch.linalg.cholesky_ex(G)  # LAPACK potrf: reads the lower triangle only
+        G.diagonal().copy_(diag)
         if int(info) != 0:  # numerically indefinite: exact-up-to-rounding fallback
-            evals, evecs = torch.linalg.eigh((G + G.T) * 0.5)
+            evals, evecs = torch.linalg.eigh(_sym_from_lower(G))
             L = evecs * torch.sqrt(evals.clamp_min(0.0) + self.regulariser)
-        st.L = L
+            L = L @ torch.eye(D, dtype=_DTYPE)  # (a full, not triangular, factor)
+            st.L_full = True
+        else:
+            st.L_full = False
+        st.L = L.to(self.factor_dtype)
         st.c = 1.0
         st.j = 0
         self.num_compressions += 1
@@ -408,7 +450,7 @@ class LabelGaussians:
         if self.diagonal:
             return st.var + r
         if st.G is not None:
-            S = st.G * st.c
+            S = _sym_from_lower(st.G).mul_(st.c)
         else:
             S = torch.zeros((self.dim, self.dim), dtype=_DTYPE)
         if st.j:
@@ -429,7 +471,7 @@ class LabelGaussians:
         st = self._stats(label)
         parts = []
         if st.L is not None:
-            parts.append(st.L * math.sqrt(st.c))
+            parts.append(st.L.to(_DTYPE) * math.sqrt(st.c))
         if st.j:
             parts.append(self._pending(st).T)
         F = torch.cat(parts, dim=1)
@@ -449,14 +491,20 @@ class LabelGaussians:
             eps = torch.randn((n, D), generator=generator, dtype=_DTYPE)
             out = eps.mul_(torch.sqrt(st.var + self.regulariser)).add_(st.mean)
             return out.to(torch.float32)
+        dt = self.factor_dtype
         d_l = D if st.L is not None else 0
-        eps = torch.randn((n, d_l + st.j + D), generator=generator, dtype=_DTYPE)
-        out = st.mean.expand(n, D).clone()
-        if st.L is not None:  # sqrt(c) L e1, computed as e1^T L^T
-            out.addmm_(eps[:, :D], st.L.T, alpha=math.sqrt(st.c))
-        if st.j:  # K e2 with K = (Kt * sc)^T
-            e2 = eps[:, d_l : d_l + st.j] * st.sc[: st.j]
-            out.addmm_(e2, st.Kt[: st.j])
+        eps = torch.randn((n, d_l + st.j + D), generator=generator, dtype=dt)
+        mean = st.mean.to(dt)
+        if st.L is not None:  # mean + sqrt(c) L e1, computed as e1^T L^T
+            if st.L_full:
+                out = torch.addmm(mean, eps[:, :D], st.L.T, alpha=math.sqrt(st.c))
+            else:
+                out = _trmm_lower(mean, eps[:, :D], st.L, math.sqrt(st.c), self._bounds)
+        else:
+            out = mean.expand(n, D).clone()
+        if st.j:  # K e2 with K = (Kt * sc)^T, in float64 like K itself
+            e2 = eps[:, d_l : d_l + st.j].to(_DTYPE) * st.sc[: st.j]
+            out.add_((e2 @ st.Kt[: st.j]).to(dt))
         iso = max(0.0, 1.0 - st.c) * self.regulariser
         if iso > 0:
             out.add_(eps[:, d_l + st.j :], alpha=math.sqrt(iso))

@@ -1,0 +1,148 @@
+"""Federated-learning baselines on the full model: FedAvg, FedBuff, CA²FL.
+
+Clients train the whole model locally through ``train.fit`` (E iterations
+of batch B), on the same clock and device profiles as the SFL strategies,
+so time-to-accuracy comparisons are meaningful. The update rules are the
+pure functions of :mod:`strategies.aggregation`.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ConfigRecord, RecordDict
+
+from fl_app import protocol as P
+from fl_app.models import BlockModel
+from strategies.aggregation import ca2fl_step, fedbuff_step, staleness_weight, state_delta, weighted_average
+from strategies.base import AsyncStrategy, SFLStrategy, SyncStrategy
+from strategies.registry import register
+from strategies.split import Request
+
+
+class FullModelMixin(SFLStrategy):
+    """The global model trained whole on clients (no split)."""
+
+    model: BlockModel
+
+    def initialize(self) -> None:
+        """Build the global model from the run's seed."""
+        super().initialize()
+        self.model = self.task.build_model()
+
+    def global_model(self) -> BlockModel:
+        """The global model."""
+        return self.model
+
+    def fit_request(self, weights: dict[str, torch.Tensor]) -> Request:
+        """``train.fit``: E local iterations from ``weights``; timed as E·B forward+backward passes."""
+        c = self.cfg
+        n = len(self.task.profiles)
+        flops = c.local_iterations * (self.client_flops(n, c.batch_size, forward=True, backward=True))
+        config = ConfigRecord({"local-iterations": c.local_iterations, "batch-size": c.batch_size, "lr": c.lr,
+                               "momentum": c.momentum, "weight-decay": c.weight_decay, "clip-norm": c.clip_norm})
+        content = RecordDict({P.WEIGHTS: P.state_record(weights), P.CONFIG: config})
+        return (P.TRAIN_FIT, content, flops, self.model_bits(0, n))
+
+    def aggregation_weight(self, pid: int) -> float:
+        """``|D_k|`` or 1 (``aggregation=uniform``)."""
+        return 1.0 if self.cfg.aggregation == "uniform" else float(self.clients[pid].num_examples)
+
+
+@register
+class FedAvg(FullModelMixin, SyncStrategy):
+    """FedAvg (McMahan et al. 2017): C clients per round, average weighted by ``|D_k|``."""
+
+    name = "fedavg"
+
+    def run_round(self, cohort: list[int]) -> None:
+        """Local training on the cohort, then the weighted average."""
+        start = self.model.state_dict()
+        replies = self.gather({pid: self.fit_request(start) for pid in cohort})
+        if replies:
+            pids = sorted(replies)
+            states = [P.record_state(replies[p].array_records[P.WEIGHTS]) for p in pids]
+            self.model.load_state_dict(weighted_average(states, [self.aggregation_weight(p) for p in pids]))
+        self.server_updates += 1
+
+
+class BufferedFL(FullModelMixin, AsyncStrategy):
+    """Asynchronous buffered FL: C clients train at once; K updates make a global iteration.
+
+    Hook: :meth:`apply_buffer` turns the buffered ``(pid, Δ, staleness)``
+    into the new global state.
+    """
+
+    def initialize(self) -> None:
+        """Version counter, buffer, snapshots of the models clients started from."""
+        super().initialize()
+        self.k = self.cfg.fl_buffer or self.cfg.concurrency
+        self.version = 0
+        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self.started: dict[int, int] = {}
+        self.buffer: list[tuple[int, dict[str, torch.Tensor], int]] = []
+
+    def launch(self, pid: int) -> None:
+        """Send the current global model for E local iterations."""
+        if self.version not in self.snapshots:
+            self.snapshots[self.version] = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.started[pid] = self.version
+        self.send_request(pid, self.fit_request(self.snapshots[self.version]))
+
+    def on_reply(self, pid: int, action: str, content: RecordDict) -> None:
+        """Buffer ``Δ_k = w_k − w_start``; flush K updates into the global model."""
+        v0 = self.started.pop(pid)
+        new = P.record_state(content.array_records[P.WEIGHTS])
+        self.buffer.append((pid, state_delta(new, self.snapshots[v0]), self.version - v0))
+        self._forget_snapshots()
+        if len(self.buffer) >= self.k:
+            self.model.load_state_dict(self.apply_buffer(self.model.state_dict(), self.buffer))
+            self.buffer = []
+            self.version += 1
+            self.server_updates += 1
+            self.end_global_iteration()
+        self.refill()
+
+    def on_failure(self, partition_id: int, action: str, reason: str) -> None:
+        """Forget the failed client's start version."""
+        self.started.pop(partition_id, None)
+        self._forget_snapshots()
+
+    def _forget_snapshots(self) -> None:
+        live = set(self.started.values()) | {self.version}
+        for v in [v for v in self.snapshots if v not in live]:
+            del self.snapshots[v]
+
+    def apply_buffer(self, state: dict[str, torch.Tensor],
+                     buffer: list[tuple[int, dict[str, torch.Tensor], int]]) -> dict[str, torch.Tensor]:
+        """New global state from the buffered updates."""
+        raise NotImplementedError
+
+
+@register
+class FedBuff(BufferedFL):
+    """FedBuff (Nguyen et al. 2022): ``w ← w + η_g · mean_k s(τ_k) Δ_k`` over K buffered updates."""
+
+    name = "fedbuff"
+
+    def apply_buffer(self, state, buffer):
+        """FedBuff's server step (``server-lr`` = η_g, ``staleness`` = s)."""
+        weights = [staleness_weight(tau, self.cfg.staleness) for _, _, tau in buffer]
+        return fedbuff_step(state, [d for _, d, _ in buffer], weights, self.cfg.server_lr)
+
+
+@register
+class CA2FL(BufferedFL):
+    """CA²FL (Wang et al. 2023): buffered updates calibrated by each client's cached latest update."""
+
+    name = "ca2fl"
+
+    def initialize(self) -> None:
+        """Empty cache ``h_i = 0``."""
+        super().initialize()
+        self.cache: dict[int, dict[str, torch.Tensor]] = {}
+
+    def apply_buffer(self, state, buffer):
+        """CA²FL's calibrated server step (see :func:`strategies.aggregation.ca2fl_step`)."""
+        new, self.cache = ca2fl_step(state, self.cache, [(p, d) for p, d, _ in buffer],
+                                     self.cfg.num_clients, self.cfg.server_lr)
+        return new

@@ -1,0 +1,199 @@
+"""GAS: generative activation-aided asynchronous split federated learning.
+
+Source: ``papers/gas-aaai2025*.txt`` (Yang & Liu, AAAI 2025); DESIGN.md
+section 7 fixes the choices the paper leaves open.
+
+* ``C = concurrency`` clients train at once, each for ``E`` local
+  iterations from the current client-side model, then upload it.
+* Every arriving activation batch ``A_k`` gets ``G_k = ∇_A l_k(w_s; A_k, Y_k)``
+  from the **current** server-side model under client k's logit-adjusted
+  loss (eq. 6) at once, and goes into the activation buffer.
+* A full activation buffer (``Q_s·B`` activations) updates the per-label
+  Gaussians (eqs. 11–12), tops the buffer up with generated activations so
+  that every label has at least ``B`` samples, and makes one server step on
+  the concatenation with plain cross-entropy (eq. 5).
+* A full model buffer (``Q_c`` client models) is averaged with weights
+  ``|D_k|`` (eq. 10) into the current client-side model: one global
+  iteration. Then a new client is drawn uniformly from the idle ones.
+
+With ``generate=false`` this is the paper's plain asynchronous SFL
+framework (the ablation without generated activations).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from flwr.app import RecordDict
+from torch import nn
+
+from fl_app import protocol as P
+from fl_app.task import seeded_generator
+from strategies.aggregation import weighted_average
+from strategies.base import AsyncStrategy
+from strategies.generation import LabelGaussians
+from strategies.registry import register
+from strategies.split import SplitMixin, server_step
+
+STREAM_GENERATION = 13
+STREAM_REFERENCE = 17
+
+
+def logit_adjusted_loss(logits: torch.Tensor, labels: torch.Tensor, label_prior: torch.Tensor) -> torch.Tensor:
+    """GAS eq. 6: cross-entropy on ``logits + log(P_k(y) + 1e-12)``.
+
+    Args:
+        logits: ``[B, M]`` server-side outputs.
+        labels: int64 ``[B]``.
+        label_prior: ``[M]`` client k's label distribution ``P_k`` (sums to 1).
+
+    Returns:
+        the mean loss over the batch (scalar).
+    """
+    return nn.functional.cross_entropy(logits + torch.log(label_prior + 1e-12).to(logits.dtype), labels)
+
+
+def activation_gradient(model: nn.Module, activations: torch.Tensor, labels: torch.Tensor,
+                        label_prior: torch.Tensor | None) -> torch.Tensor:
+    """``∇_A l_k(w_s; A, Y)`` without touching the server-side parameters' gradients.
+
+    ``label_prior=None`` uses plain cross-entropy (logit adjustment off).
+    Returns a tensor shaped like ``activations``.
+    """
+    x = activations.detach().requires_grad_(True)
+    logits = model(x)
+    if label_prior is None:
+        loss = nn.functional.cross_entropy(logits, labels)
+    else:
+        loss = logit_adjusted_loss(logits, labels, label_prior)
+    (grad,) = torch.autograd.grad(loss, x)
+    return grad.detach()
+
+
+@register
+class GAS(SplitMixin, AsyncStrategy):
+    """GAS (AAAI 2025): asynchronous SFL with activation and model buffers and generated activations."""
+
+    name = "gas"
+
+    def initialize(self) -> None:
+        """Server model, optimiser, buffers, per-label Gaussians."""
+        super().initialize()
+        c = self.cfg
+        self.server_opt = self.server_optimizer(self.server_model)
+        self.q_s = c.buffer_activations or c.concurrency
+        self.q_c = c.buffer_models or c.concurrency
+        self.activation_buffer: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.model_buffer: list[tuple[int, dict[str, torch.Tensor]]] = []
+        self.progress_of: dict[int, int] = {}
+        shape = self.task.profiles[self.cut - 1].output_shape
+        self.activation_shape = tuple(shape)
+        self.gaussians = (LabelGaussians(self.task.data.num_classes, math.prod(shape), c.covariance,
+                                         1e-5, c.weighting) if c.generate else None)
+        self.generator = seeded_generator(c.seed, STREAM_GENERATION)
+        self.generated_total = 0
+        self.last_dissimilarity = float("nan")
+
+    def label_prior(self, pid: int) -> torch.Tensor | None:
+        """``P_k`` from the handshake histogram, or None with logit adjustment off."""
+        if not self.cfg.logit_adjust:
+            return None
+        hist = torch.as_tensor(self.clients[pid].label_histogram, dtype=torch.float32)
+        return hist / hist.sum()
+
+    # ------------------------------------------------------------------ events
+    def launch(self, pid: int) -> None:
+        """Start a local round of E iterations from the current client-side model."""
+        self.progress_of[pid] = 0
+        self.send_request(pid, self.forward_request(self.cfg.batch_size, self.client_model.state_dict()))
+
+    def on_reply(self, pid: int, action: str, content: RecordDict) -> None:
+        """Activations: answer with G_k and buffer them. Weights: model buffer."""
+        if P.ACTIVATIONS in content.array_records:
+            self.on_activations(pid, *self.activations_of(content))
+        elif P.WEIGHTS in content.array_records:
+            self.on_upload(pid, *self.weights_of(content))
+            self.refill()
+
+    def on_activations(self, pid: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Return ``G_k`` from the current server-side model; buffer ``(A_k, Y_k)``."""
+        grad = activation_gradient(self.server_model, x, y, self.label_prior(pid))
+        self.progress_of[pid] += 1
+        done = self.progress_of[pid] >= self.cfg.local_iterations
+        nxt = P.NEXT_WEIGHTS if done else P.NEXT_FORWARD
+        self.send_request(pid, self.backward_request(grad, nxt, self.cfg.batch_size))
+        self.activation_buffer.append((x, y))
+        if sum(int(b[1].numel()) for b in self.activation_buffer) >= self.q_s * self.cfg.batch_size:
+            self.flush_activations()
+
+    def flush_activations(self) -> None:
+        """Update the Gaussians, top up with generated activations, one server step (eq. 5)."""
+        x = torch.cat([b[0] for b in self.activation_buffer])
+        y = torch.cat([b[1] for b in self.activation_buffer])
+        self.activation_buffer = []
+        if self.gaussians is not None:
+            self.gaussians.update(x.reshape(x.shape[0], -1), y)
+            if self.gaussians.ready():
+                gx, gy = self.gaussians.generate(y, self.cfg.batch_size, self.generator)
+                if gy.numel():
+                    self.generated_total += int(gy.numel())
+                    x = torch.cat([x, gx.reshape(-1, *self.activation_shape)])
+                    y = torch.cat([y, gy])
+        every = self.cfg.dissimilarity_every
+        if every and self.server_updates % every == 0:
+            self.last_dissimilarity = self.gradient_dissimilarity(x, y)
+        server_step(self.server_model, self.server_opt, x, y, self.cfg.clip_norm)
+        self.server_updates += 1
+
+    def on_upload(self, pid: int, state: dict[str, torch.Tensor], num_examples: int) -> None:
+        """Model buffer; a full buffer is averaged (eq. 10) into the current client model."""
+        self.model_buffer.append((pid, state))
+        if len(self.model_buffer) >= self.q_c:
+            pids = [p for p, _ in self.model_buffer]
+            avg = weighted_average([s for _, s in self.model_buffer], [self.aggregation_weight(p) for p in pids])
+            self.client_model.load_state_dict(avg)
+            self.model_buffer = []
+            self.end_global_iteration()
+
+    def on_failure(self, partition_id: int, action: str, reason: str) -> None:
+        """Drop the failed client's local round."""
+        self.progress_of.pop(partition_id, None)
+
+    # ------------------------------------------------------------------ metrics
+    def reference_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A fixed sample of the training set (up to 100 per label) for Fig. 2's full gradient."""
+        if not hasattr(self, "_reference"):
+            labels = self.task.data.y_train.numpy()
+            rng = np.random.default_rng([self.cfg.seed, STREAM_REFERENCE])
+            idx = np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:100]
+                                  for c in range(self.task.data.num_classes)])
+            self._reference = self.task.data.train_batch(idx)
+        return self._reference
+
+    def server_gradient(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Flattened gradient of the mean cross-entropy w.r.t. the server-side parameters."""
+        params = [p for p in self.server_model.parameters()]
+        loss = nn.functional.cross_entropy(self.server_model(x.detach()), y)
+        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
+
+    def gradient_dissimilarity(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """GAS Fig. 2: ``‖∇F_s(buffer) − ∇F_s(reference)‖²``.
+
+        The reference gradient is taken on activations of a fixed balanced
+        training sample through the current client-side model.
+        """
+        rx, ry = self.reference_batch()
+        with torch.no_grad():
+            ra = self.client_model(rx)
+        diff = self.server_gradient(x, y) - self.server_gradient(ra, ry)
+        return float(diff.pow(2).sum())
+
+    def extra_metrics(self) -> dict[str, float]:
+        """Generated activations so far and the last gradient dissimilarity."""
+        out = {"generated_activations": float(self.generated_total)}
+        if self.cfg.dissimilarity_every:
+            out["grad_dissimilarity"] = self.last_dissimilarity
+        return out
+

