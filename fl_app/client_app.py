@@ -70,7 +70,7 @@ class _Node:
 
     def client_model(self, cut: int) -> BlockModel:
         """Blocks ``[0, cut)`` with this node's stored weights."""
-        model = self.task.build_model().segment(0, cut)
+        model = self.task.build_segment(0, cut)
         if WEIGHTS_KEY in self.state.array_records:
             stored = P.record_state(self.state.array_records[WEIGHTS_KEY])
             model.load_state_dict(stored)

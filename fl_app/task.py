@@ -8,6 +8,7 @@ called once per message.
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 
@@ -45,9 +46,17 @@ class Task:
     cut_layer: int
     seed: int
 
-    def build_model(self) -> BlockModel:
-        """A fresh full model with the run's seeded initial weights."""
+    @functools.cached_property
+    def _template(self) -> BlockModel:
         return build_model(self.model_name, self.data.input_shape, self.data.num_classes, self.seed)
+
+    def build_model(self) -> BlockModel:
+        """A fresh full model with the run's seeded initial weights (a copy of a cached template)."""
+        return copy.deepcopy(self._template)
+
+    def build_segment(self, start: int, end: int) -> BlockModel:
+        """A fresh copy of blocks ``[start, end)`` only (cheap: the other blocks are not copied)."""
+        return copy.deepcopy(self._template.segment(start, end))
 
     def split(self, cut: int | None = None) -> tuple[BlockModel, BlockModel]:
         """A fresh model split at ``cut`` (default: the run's cut layer)."""

@@ -63,6 +63,29 @@ def cmd_strategies(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """``sflower sweep FILE.toml [output-dir=DIR]``: run missing runs, write results.csv."""
+    from simulation.sweep import run_sweep
+
+    extra = parse_key_values(args.pairs)
+    out = extra.pop("output-dir", None)
+    if extra:
+        raise ConfigError(f"sweep takes only output-dir=DIR, got {', '.join(extra)}")
+    table = run_sweep(args.file, out, progress=not args.quiet)
+    print(f"{len(table)} runs collected")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``sflower report DIR``: markdown table and plots of a sweep."""
+    from simulation.report import report
+
+    path = report(args.dir)
+    print(path.read_text())
+    print(f"written: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``sflower``."""
     parser = argparse.ArgumentParser(prog="sflower", description="Split federated learning on Flower.")
@@ -71,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
+    sw = sub.add_parser("sweep", help="run a sweep file (resumes)")
+    sw.add_argument("file")
+    sw.add_argument("pairs", nargs="*", metavar="output-dir=DIR")
+    sw.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    sw.set_defaults(func=cmd_sweep)
+    rp = sub.add_parser("report", help="tables and plots of a sweep directory")
+    rp.add_argument("dir")
+    rp.set_defaults(func=cmd_report)
     st = sub.add_parser("strategies", help="list strategies")
     st.set_defaults(func=cmd_strategies)
     return parser

@@ -1,0 +1,148 @@
+"""``sflower report DIR``: a markdown table (mean ± std over seeds) and plots of a sweep.
+
+Writes into DIR:
+
+* ``report.md``: one row per configuration (the sweep's grid keys except
+  ``seed``) with final and best accuracy as mean ± std over seeds, time to the
+  target accuracy, and the paper's number when the sweep file gives one;
+* ``curves.png``: mean test accuracy against global iteration and against
+  virtual time, all configurations on shared axes;
+* ``profiles.png``: the device profiles (compute speed against uplink rate).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fl_app.errors import ConfigError
+from simulation.sweep import collect
+
+
+def _sweep_meta(out: Path) -> tuple[list[str], dict[str, Any]]:
+    path = out / "sweep.json"
+    if path.exists():
+        spec = json.loads(path.read_text())
+        return [k for k in spec["grid"] if k != "seed"], spec.get("meta", {})
+    return ["strategy"], {}
+
+
+def _fmt(mean: float, std: float, scale: float = 100.0) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "–"
+    if std is None or (isinstance(std, float) and math.isnan(std)):
+        return f"{scale * mean:.2f}"
+    return f"{scale * mean:.2f} ± {scale * std:.2f}"
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A GitHub-markdown table of a DataFrame (all cells as strings)."""
+    cols = [str(c) for c in frame.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, row in frame.iterrows():
+        lines.append("| " + " | ".join(str(v) for v in row.tolist()) + " |")
+    return "\n".join(lines)
+
+
+def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Mean ± std over seeds of each configuration (accuracies in %)."""
+    keys = [k for k in keys if k in table.columns] or ["strategy"]
+    out = []
+    for values, group in table.groupby(keys, sort=False):
+        values = values if isinstance(values, tuple) else (values,)
+        row = dict(zip(keys, values))
+        row["seeds"] = len(group)
+        row["final acc. (%)"] = _fmt(group["final_accuracy"].mean(), group["final_accuracy"].std())
+        row["best acc. (%)"] = _fmt(group["best_accuracy"].mean(), group["best_accuracy"].std())
+        tt = group["time_to_target_s"]
+        row["time to target (virtual s)"] = "–" if tt.isna().all() else f"{tt.mean():.1f}"
+        if paper:
+            label = str(row.get("strategy", ""))
+            key = next((k for k in paper if k == label or k == "/".join(str(v) for v in values)), None)
+            row["paper (%)"] = paper.get(key, "–") if key else "–"
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def plot_curves(out: Path, table: pd.DataFrame, keys: list[str]) -> Path:
+    """Mean accuracy curves of every configuration on shared axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    keys = [k for k in keys if k in table.columns] or ["strategy"]
+    for values, group in table.groupby(keys, sort=False):
+        values = values if isinstance(values, tuple) else (values,)
+        label = ", ".join(str(v) for v in values)
+        frames = [pd.read_csv(out / r / "metrics.csv") for r in group["run"]]
+        curve = pd.concat(frames).groupby("global_iteration")[["test_accuracy", "virtual_time_s"]].mean()
+        axes[0].plot(curve.index, curve["test_accuracy"], marker=".", label=label)
+        axes[1].plot(curve["virtual_time_s"], curve["test_accuracy"], marker=".", label=label)
+    axes[0].set_xlabel("global iteration")
+    axes[1].set_xlabel("virtual time (s)")
+    axes[0].set_ylabel("test accuracy (mean over seeds)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "curves.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_profiles(out: Path, run_dir: Path) -> Path | None:
+    """Compute speed (GFLOP/s) against uplink rate (Mbit/s) of a run's devices."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    profiles = json.loads((run_dir / "config.json").read_text()).get("device_profiles", [])
+    rates = [p["uplink_bps"] for p in profiles]
+    if not profiles or all(r == "inf" for r in rates):
+        return None
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.scatter([p["flops_per_s"] / 1e9 for p in profiles], [float(r) / 1e6 for r in rates])
+    for p in profiles:
+        ax.annotate(str(p["partition_id"]), (p["flops_per_s"] / 1e9, float(p["uplink_bps"]) / 1e6), fontsize=7)
+    ax.set_xlabel("compute speed (GFLOP/s)")
+    ax.set_ylabel("uplink rate (Mbit/s)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "profiles.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def report(out_dir: str | Path) -> Path:
+    """Write report.md, curves.png and profiles.png for a sweep directory.
+
+    Raises:
+        ConfigError: the directory holds no finished runs.
+    """
+    out = Path(out_dir)
+    if not out.is_dir():
+        raise ConfigError(f"'{out}' is not a directory")
+    keys, meta = _sweep_meta(out)
+    table = collect(out, target=float(meta.get("target-accuracy", 0.0)))
+    if table.empty:
+        raise ConfigError(f"no finished runs under '{out}'")
+    summary = summarize(table, keys, meta.get("paper"))
+    lines = [f"# {meta.get('description', out.name)}", ""]
+    if meta.get("budget"):
+        lines += [f"Budget: {meta['budget']}", ""]
+    lines += [markdown_table(summary), "", "![curves](curves.png)", ""]
+    plot_curves(out, table, keys)
+    if plot_profiles(out, out / table["run"].iloc[0]):
+        lines += ["![device profiles](profiles.png)", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,164 @@
+"""Sweeps: every combination of a grid of run-config keys, collected into one table.
+
+A sweep file is TOML::
+
+    [meta]                     # optional
+    description = "GAS Table 1, Fashion-MNIST columns (scaled budget)"
+    target-accuracy = 0.8      # for the time-to-accuracy columns
+    [meta.paper]               # optional: the paper's numbers, shown by `sflower report`
+    gas = 90.66
+
+    [base]                     # run-config keys shared by all runs (+ engine)
+    dataset = "fashion-mnist"
+    [grid]                     # run-config keys mapped to lists
+    strategy = ["gas", "fedavg"]
+    seed = [0, 1, 2]
+
+Each run goes to ``DIR/<key>=<value>,...`` (grid keys only). A run whose
+``summary.json`` says ``completed`` is skipped, so an interrupted sweep
+resumes where it stopped. The table of all runs is written to
+``DIR/results.csv``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fl_app.config import RunConfig
+from fl_app.errors import ConfigError
+
+
+def load_sweep(path: str | Path) -> dict[str, Any]:
+    """Parse and check a sweep file.
+
+    Raises:
+        ConfigError: unreadable TOML, no ``[grid]``, a grid value that is not a
+            non-empty list, or an unknown run-config key.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"sweep file '{path}' does not exist")
+    try:
+        spec = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"sweep file '{path}' is not valid TOML: {err}") from None
+    base = dict(spec.get("base", {}))
+    grid = dict(spec.get("grid", {}))
+    if not grid:
+        raise ConfigError(f"sweep file '{path}' has no [grid] table")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"grid key '{key}' must map to a non-empty list")
+    spec = {"meta": dict(spec.get("meta", {})), "base": base, "grid": grid}
+    for run in expand(spec):
+        RunConfig.from_mapping({k: v for k, v in run.items() if k != "engine"})
+    return spec
+
+
+def expand(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """All runs of a sweep: ``base`` updated with each grid combination (grid order)."""
+    keys = list(spec["grid"])
+    runs = []
+    for combo in itertools.product(*(spec["grid"][k] for k in keys)):
+        run = dict(spec["base"])
+        run.update(dict(zip(keys, combo)))
+        runs.append(run)
+    return runs
+
+
+def run_name(run: Mapping[str, Any], grid_keys: list[str]) -> str:
+    """Directory name of a run: ``key=value`` pairs of its grid keys."""
+    return ",".join(f"{k}={run[k]}" for k in grid_keys)
+
+
+def is_complete(run_dir: Path) -> bool:
+    """Whether a run directory holds a completed run."""
+    summary = run_dir / "summary.json"
+    if not summary.exists():
+        return False
+    try:
+        return json.loads(summary.read_text()).get("status") == "completed"
+    except json.JSONDecodeError:
+        return False
+
+
+def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: bool = True) -> pd.DataFrame:
+    """Run every missing run of a sweep (in-process unless ``engine`` says otherwise), then collect.
+
+    Returns:
+        the results table (also written to ``out_dir/results.csv``).
+    """
+    from fl_app.server_app import plan_run
+    from simulation.engine import run_inprocess, run_ray
+
+    spec = load_sweep(path)
+    out = Path(out_dir) if out_dir else Path("runs") / Path(path).stem
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(json.dumps(spec, indent=2))
+    grid_keys = list(spec["grid"])
+    runs = expand(spec)
+    for i, run in enumerate(runs, 1):
+        run_dir = out / run_name(run, grid_keys)
+        if is_complete(run_dir):
+            print(f"[{i}/{len(runs)}] {run_dir.name}: done, skipped")
+            continue
+        print(f"[{i}/{len(runs)}] {run_dir.name}")
+        cfg = {k: v for k, v in run.items() if k != "engine"}
+        cfg["output-dir"] = str(run_dir)
+        plan = plan_run(RunConfig.from_mapping(cfg))
+        engine = run.get("engine", "inprocess")
+        (run_ray if engine == "ray" else run_inprocess)(plan, progress=progress)
+    table = collect(out, target=float(spec["meta"].get("target-accuracy", 0.0)))
+    return table
+
+
+def time_to_target(metrics: pd.DataFrame, target: float) -> tuple[float, float]:
+    """First ``(virtual_time_s, global_iteration)`` at which test accuracy ≥ ``target`` (NaN if never)."""
+    if target <= 0:
+        return math.nan, math.nan
+    hit = metrics[metrics["test_accuracy"] >= target]
+    if hit.empty:
+        return math.nan, math.nan
+    row = hit.iloc[0]
+    return float(row["virtual_time_s"]), float(row["global_iteration"])
+
+
+def collect(out_dir: str | Path, target: float = 0.0) -> pd.DataFrame:
+    """One row per run directory under ``out_dir``: its config, final/best accuracy,
+    time to ``target`` accuracy (virtual s and global iterations), bytes moved, wall time.
+    Writes ``results.csv``."""
+    out = Path(out_dir)
+    rows = []
+    for cfg_path in sorted(out.glob("*/config.json")):
+        run_dir = cfg_path.parent
+        if not (run_dir / "summary.json").exists() or not (run_dir / "metrics.csv").exists():
+            continue
+        config = json.loads(cfg_path.read_text())["config"]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        metrics = pd.read_csv(run_dir / "metrics.csv")
+        t_s, t_it = time_to_target(metrics, target)
+        rows.append({
+            "run": run_dir.name, **config,
+            "status": summary.get("status"),
+            "final_accuracy": summary.get("final_accuracy"),
+            "best_accuracy": summary.get("best_accuracy"),
+            "global_iterations_done": summary.get("global_iterations"),
+            "target_accuracy": target,
+            "time_to_target_s": t_s,
+            "iterations_to_target": t_it,
+            "virtual_time_s": summary.get("virtual_time_s"),
+            "bytes_up": summary.get("bytes_up"),
+            "bytes_down": summary.get("bytes_down"),
+            "wall_time_s": summary.get("wall_time_s"),
+        })
+    table = pd.DataFrame(rows)
+    table.to_csv(out / "results.csv", index=False)
+    return table
