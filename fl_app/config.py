@@ -58,6 +58,7 @@ DEFAULTS: dict[str, Any] = {
     # run control
     "seed": 0,
     "eval-every": 1,
+    "eval-samples": 0,
     "target-accuracy": 0.0,
     "max-virtual-time": 0.0,
     "clock": "virtual",
@@ -146,7 +147,7 @@ class RunConfig:
         for key in ["momentum", "weight-decay", "clip-norm", "target-accuracy", "max-virtual-time"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
-        for key in ["buffer-activations", "buffer-models", "fl-buffer", "eval-every", "dissimilarity-every", "seed"]:
+        for key in ["buffer-activations", "buffer-models", "fl-buffer", "eval-every", "eval-samples", "dissimilarity-every", "seed"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
         if self.concurrency > self.num_clients:

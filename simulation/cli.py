@@ -86,6 +86,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``sflower bench``: the four benchmarks (or those named), figures and ratios."""
+    from simulation.bench import BENCHMARKS, run_benchmarks
+
+    names = args.only or list(BENCHMARKS)
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise ConfigError(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(BENCHMARKS)}")
+    run_benchmarks(names, quick=args.quick, data_dir=args.data_dir)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``sflower``."""
     parser = argparse.ArgumentParser(prog="sflower", description="Split federated learning on Flower.")
@@ -102,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="tables and plots of a sweep directory")
     rp.add_argument("dir")
     rp.set_defaults(func=cmd_report)
+    bn = sub.add_parser("bench", help="engine, throughput, scale and generation benchmarks")
+    bn.add_argument("only", nargs="*", help="benchmarks to run (default: all)")
+    bn.add_argument("--quick", action="store_true", help="smaller budgets")
+    bn.add_argument("--data-dir", default=None, help="Fashion-MNIST directory (default ../shared/data/fashion-mnist)")
+    bn.set_defaults(func=cmd_bench)
     st = sub.add_parser("strategies", help="list strategies")
     st.set_defaults(func=cmd_strategies)
     return parser

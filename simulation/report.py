@@ -61,9 +61,10 @@ def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None
         tt = group["time_to_target_s"]
         row["time to target (virtual s)"] = "–" if tt.isna().all() else f"{tt.mean():.1f}"
         if paper:
-            label = str(row.get("strategy", ""))
-            key = next((k for k in paper if k == label or k == "/".join(str(v) for v in values)), None)
-            row["paper (%)"] = paper.get(key, "–") if key else "–"
+            label = str(row.get("variant", row.get("strategy", "")))
+            joined = "/".join(str(v) for v in values)
+            key = next((k for k in paper if k in (label, joined)), None)
+            row["paper (%)"] = paper[key] if key else "–"
         out.append(row)
     return pd.DataFrame(out)
 

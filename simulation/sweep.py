@@ -10,8 +10,11 @@ A sweep file is TOML::
 
     [base]                     # run-config keys shared by all runs (+ engine)
     dataset = "fashion-mnist"
-    [grid]                     # run-config keys mapped to lists
-    strategy = ["gas", "fedavg"]
+    [variants]                 # optional: named groups of keys, chosen by grid key "variant"
+    gas = {strategy = "gas"}
+    gas-nogen = {strategy = "gas", generate = false}
+    [grid]                     # run-config keys (or "variant") mapped to lists
+    variant = ["gas", "gas-nogen"]
     seed = [0, 1, 2]
 
 Each run goes to ``DIR/<key>=<value>,...`` (grid keys only). A run whose
@@ -57,10 +60,19 @@ def load_sweep(path: str | Path) -> dict[str, Any]:
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"grid key '{key}' must map to a non-empty list")
-    spec = {"meta": dict(spec.get("meta", {})), "base": base, "grid": grid}
+    variants = {str(k): dict(v) for k, v in spec.get("variants", {}).items()}
+    for name in grid.get("variant", []):
+        if name not in variants:
+            raise ConfigError(f"grid variant '{name}' is not defined in [variants]")
+    spec = {"meta": dict(spec.get("meta", {})), "base": base, "variants": variants, "grid": grid}
     for run in expand(spec):
-        RunConfig.from_mapping({k: v for k, v in run.items() if k != "engine"})
+        RunConfig.from_mapping(run_config(run))
     return spec
+
+
+def run_config(run: Mapping[str, Any]) -> dict[str, Any]:
+    """The run-config keys of a run (without ``engine`` and ``variant``)."""
+    return {k: v for k, v in run.items() if k not in ("engine", "variant")}
 
 
 def expand(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -70,6 +82,8 @@ def expand(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     for combo in itertools.product(*(spec["grid"][k] for k in keys)):
         run = dict(spec["base"])
         run.update(dict(zip(keys, combo)))
+        if "variant" in run:
+            run.update(spec.get("variants", {}).get(run["variant"], {}))
         runs.append(run)
     return runs
 
@@ -111,7 +125,7 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
             print(f"[{i}/{len(runs)}] {run_dir.name}: done, skipped")
             continue
         print(f"[{i}/{len(runs)}] {run_dir.name}")
-        cfg = {k: v for k, v in run.items() if k != "engine"}
+        cfg = run_config(run)
         cfg["output-dir"] = str(run_dir)
         plan = plan_run(RunConfig.from_mapping(cfg))
         engine = run.get("engine", "inprocess")
@@ -142,11 +156,12 @@ def collect(out_dir: str | Path, target: float = 0.0) -> pd.DataFrame:
         if not (run_dir / "summary.json").exists() or not (run_dir / "metrics.csv").exists():
             continue
         config = json.loads(cfg_path.read_text())["config"]
+        variant = dict(kv.split("=", 1) for kv in run_dir.name.split(",") if "=" in kv).get("variant")
         summary = json.loads((run_dir / "summary.json").read_text())
         metrics = pd.read_csv(run_dir / "metrics.csv")
         t_s, t_it = time_to_target(metrics, target)
         rows.append({
-            "run": run_dir.name, **config,
+            "run": run_dir.name, **({"variant": variant} if variant else {}), **config,
             "status": summary.get("status"),
             "final_accuracy": summary.get("final_accuracy"),
             "best_accuracy": summary.get("best_accuracy"),

@@ -110,6 +110,9 @@ class SFLStrategy(Strategy):
         self.best_accuracy = float("nan")
         self.status = "running"
         self._draws: dict[int, int] = defaultdict(int)
+        #: wall seconds spent pushing messages and in reply hooks (for benchmarks)
+        self.push_seconds = 0.0
+        self.hook_seconds = 0.0
         self._wall0 = time.monotonic()
         self._bar: Any = None
         self.dispatcher: Dispatcher | None = None
@@ -278,7 +281,9 @@ class SFLStrategy(Strategy):
         draw = self._draws[pid]
         self._draws[pid] += 1
         duration = self.timing.duration(pid, flops, bits_up, 8.0 * down, draw)
+        t0 = time.perf_counter()
         self.dispatcher.send(pid, action, content, duration)
+        self.push_seconds += time.perf_counter() - t0
 
     def send_request(self, pid: int, request: tuple[str, RecordDict, float, float]) -> None:
         """Send an ``(action, content, flops, bits_up)`` request (see :meth:`send`)."""
@@ -348,14 +353,22 @@ class SFLStrategy(Strategy):
         return 8.0 * sum(b.param_bytes for b in self.task.profiles[start:end])
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate_global(self) -> tuple[float, float]:
-        """Test loss and accuracy of :meth:`global_model`."""
-        loss, acc, _ = evaluate_model(self.global_model(), self.task.data.test_batches())
+    def evaluate_global(self, full: bool = True) -> tuple[float, float]:
+        """Test loss and accuracy of :meth:`global_model`.
+
+        With ``full=False`` and ``eval-samples`` > 0, only the first
+        ``eval-samples`` test images are used (a cheaper intermediate estimate).
+        """
+        limit = 0 if full else self.cfg.eval_samples
+        batches = self.task.data.test_batches()
+        if limit:
+            batches = _take(batches, limit)
+        loss, acc, _ = evaluate_model(self.global_model(), batches)
         return loss, acc
 
-    def evaluate_and_record(self) -> dict[str, Any]:
-        """Evaluate, append a metric row, update the progress bar."""
-        loss, acc = self.evaluate_global()
+    def evaluate_and_record(self, final: bool = False) -> dict[str, Any]:
+        """Evaluate (on the full test set when ``final``), append a metric row, update progress."""
+        loss, acc = self.evaluate_global(full=final)
         row = {
             "global_iteration": self.global_iteration,
             "server_updates": self.server_updates,
@@ -387,7 +400,7 @@ class SFLStrategy(Strategy):
         every = self.cfg.eval_every
         last = self.global_iteration >= self.cfg.global_iterations
         if (every and self.global_iteration % every == 0) or last:
-            self.evaluate_and_record()
+            self.evaluate_and_record(final=last)
 
     def should_stop(self) -> bool:
         """Stop conditions: iteration budget, target accuracy, virtual-time budget."""
@@ -423,6 +436,7 @@ class SFLStrategy(Strategy):
             "bytes_down": self.bytes_down,
             "exchanges": self.dispatcher.exchanges if self.dispatcher else 0,
             "failed_clients": sorted(self.failed),
+            "server_compute_s": max(0.0, self.hook_seconds - self.push_seconds),
         }
 
     # ------------------------------------------------------------------ progress
@@ -436,6 +450,16 @@ class SFLStrategy(Strategy):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def _take(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], limit: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    """The first ``limit`` examples of a stream of ``(x, y)`` batches."""
+    left = limit
+    for x, y in batches:
+        if left <= 0:
+            return
+        yield x[:left], y[:left]
+        left -= int(y.shape[0])
 
 
 class SyncStrategy(SFLStrategy):
@@ -475,7 +499,9 @@ class AsyncStrategy(SFLStrategy):
             if content is None:
                 self.refill()
                 continue
+            t0 = time.perf_counter()
             self.on_reply(pid, action, content)
+            self.hook_seconds += time.perf_counter() - t0
 
     def idle_clients(self) -> list[int]:
         """Live clients with no message in flight."""

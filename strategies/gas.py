@@ -94,6 +94,7 @@ class GAS(SplitMixin, AsyncStrategy):
                                          1e-5, c.weighting) if c.generate else None)
         self.generator = seeded_generator(c.seed, STREAM_GENERATION)
         self.generated_total = 0
+        self.client_iterations = 0
         self.last_dissimilarity = float("nan")
 
     def label_prior(self, pid: int) -> torch.Tensor | None:
@@ -121,6 +122,7 @@ class GAS(SplitMixin, AsyncStrategy):
         """Return ``G_k`` from the current server-side model; buffer ``(A_k, Y_k)``."""
         grad = activation_gradient(self.server_model, x, y, self.label_prior(pid))
         self.progress_of[pid] += 1
+        self.client_iterations += 1
         done = self.progress_of[pid] >= self.cfg.local_iterations
         nxt = P.NEXT_WEIGHTS if done else P.NEXT_FORWARD
         self.send_request(pid, self.backward_request(grad, nxt, self.cfg.batch_size))
@@ -192,7 +194,8 @@ class GAS(SplitMixin, AsyncStrategy):
 
     def extra_metrics(self) -> dict[str, float]:
         """Generated activations so far and the last gradient dissimilarity."""
-        out = {"generated_activations": float(self.generated_total)}
+        out = {"generated_activations": float(self.generated_total),
+               "client_iterations": float(self.client_iterations)}
         if self.cfg.dissimilarity_every:
             out["grad_dissimilarity"] = self.last_dissimilarity
         return out
