@@ -44,7 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "clip-norm": 10.0,
     # GAS (DESIGN.md section 7)
     "generate": True,
-    "covariance": "diagonal",
+    "covariance": "full",
     "buffer-activations": 0,
     "buffer-models": 0,
     "weighting": "linear",

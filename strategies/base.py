@@ -511,6 +511,8 @@ class AsyncStrategy(SFLStrategy):
     def refill(self) -> None:
         """Start new clients (uniformly from the idle ones) until ``concurrency`` are busy."""
         assert self.dispatcher is not None
+        if self.should_stop():
+            return
         free = self.cfg.concurrency - self.dispatcher.in_flight
         busy = [p for p in self.live_clients() if self.dispatcher.busy(p)]
         for pid in self.select(free, exclude=busy):

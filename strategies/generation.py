@@ -60,17 +60,33 @@ scratch at a flush::
 * Sampling is z = mu + sqrt(c) L e1 + K e2 + sqrt((1-c) r) e3 with independent
   standard normal e1, e2, e3, whose covariance is c(G + rI) + KK^T + (1-c)rI
   = Sigma_y + r*I: exactly the target distribution, for O(D(D+j)) per sample.
-* When K has more than ``max_pending`` columns (or, before the first
+* When K has more than ``max_pending`` columns (default D/2; before the first
   compression, more than D), it is folded in: G <- c*G + K K^T,
   L <- chol(G + r*I), c <- 1, K <- []. This costs one D^3/3 Cholesky per
   ``max_pending`` absorbed columns instead of one per label per flush, and is
   exact up to float64 rounding. If rounding makes G + r*I numerically
   indefinite (only possible when r is tiny relative to ||Sigma||), L falls
   back to V sqrt(max(lambda, 0) + r) from an eigendecomposition of G.
+* The products that meet a triangle (K K^T into G's lower triangle, e1 L^T)
+  are done by row blocks that skip the zero half, like BLAS syrk/trmm.
 
-Labels that received nothing in a flush are not touched at all. Statistics are
-float64 (mean, G, L, K); samples are returned as float32. Everything lives on
-the CPU; pass a CPU ``torch.Generator`` for reproducible samples.
+Every column enters the covariance once (about D^2 flops), so the per-flush
+cost is O(D^2 * new columns) plus the sampling, with one Cholesky every
+``max_pending`` columns; labels that received nothing in a flush are not
+touched at all. ``simulation/bench_generation.py`` measures it against the
+straightforward implementation.
+
+Precision and memory: mean, G, K and all weights are float64, so ``mean()``
+and ``covariance()`` match eqs. 11-12 to float64 rounding. The sampling factor
+L (and a copy of K used for sampling) is stored in ``factor_dtype``, float32
+by default: it changes the sampled covariance by float32 rounding (relative
+~1e-7, well below r = 1e-5 for activations of order 1) and halves the cost of
+the matrix products; samples are float32 either way. Pass
+``factor_dtype=torch.float64`` to sample with float64 factors. In full mode a
+label holds G (D*D float64), L (D*D factor_dtype) and up to about
+max_pending + 2*batch pending columns (float64 + factor_dtype): about 180 MB
+for D = 3136 with the float32 default. Everything lives on the CPU; pass a
+CPU ``torch.Generator`` for reproducible samples.
 """
 
 from __future__ import annotations
@@ -187,18 +203,19 @@ def _sym_from_lower(G: torch.Tensor) -> torch.Tensor:
 class _LabelState:
     """Statistics of one label. See the module docstring for the representation."""
 
-    __slots__ = ("count", "logw", "mean", "var", "G", "L", "L_full", "c", "Kt", "sc", "j")
+    __slots__ = ("count", "logw", "mean", "var", "G", "L", "L_full", "c", "Kt", "Kf", "sc", "j")
 
     def __init__(self) -> None:
         self.count = 0  # activations seen
         self.logw = -math.inf  # log of the total weight S
         self.mean: torch.Tensor | None = None  # [D] float64
         self.var: torch.Tensor | None = None  # [D] float64 (diagonal mode)
-        self.G: torch.Tensor | None = None  # [D, D] Sigma at the last compression
+        self.G: torch.Tensor | None = None  # [D, D] Sigma at the last compression (lower triangle)
         self.L: torch.Tensor | None = None  # [D, D] chol(G + r I), factor_dtype
         self.L_full = False  # L is a full (eigh fallback) rather than triangular factor
         self.c = 0.0  # weight of the compressed part
-        self.Kt: torch.Tensor | None = None  # [cap, D] pending columns, as rows
+        self.Kt: torch.Tensor | None = None  # [cap, D] pending columns, as rows (float64)
+        self.Kf: torch.Tensor | None = None  # the same in factor_dtype, for sampling
         self.sc: torch.Tensor | None = None  # [cap] per-column scale
         self.j = 0  # number of pending columns in use
 
@@ -220,6 +237,14 @@ class LabelGaussians:
         Full mode only: how many new covariance columns a label may hold
         before they are folded into its Cholesky factor (default ``dim // 2``).
         A performance knob; the distribution does not depend on it.
+    factor_dtype:
+        Full mode only: dtype of the sampling factors (``torch.float32``, the
+        default, or ``torch.float64``); the statistics are float64 regardless.
+
+    After updates 1..n, ``mean(y)`` and ``covariance(y, regularised=False)``
+    are the weighted mean and population covariance (eqs. 11-12) of every
+    activation of label y seen so far, an activation of update j having
+    weight s(j).
     """
 
     def __init__(
@@ -262,6 +287,7 @@ class LabelGaussians:
         self.max_pending = max_pending
         self.factor_dtype = factor_dtype
         self._bounds = _block_bounds(dim)
+        self._max_rows = 0  # the most columns one flush has added to a label
         self.num_updates = 0  # the progress n of the last update
         self.num_compressions = 0
         self._states = [_LabelState() for _ in range(num_classes)]
@@ -379,9 +405,10 @@ class LabelGaussians:
                 st.c *= a
                 if st.j:
                     st.sc[: st.j].mul_(math.sqrt(a))
-                self._append(st, dev, math.sqrt(b / k))
+                if k > 1:  # a single activation has dev == 0
+                    self._append(st, dev, math.sqrt(b / k))
                 self._append(st, delta.unsqueeze(0), math.sqrt(a * b))
-            else:
+            elif k > 1:
                 self._append(st, dev, math.sqrt(1.0 / k))
             limit = self.dim if st.L is None else self.max_pending
             if st.j > limit:
@@ -392,16 +419,25 @@ class LabelGaussians:
     def _append(self, st: _LabelState, rows: torch.Tensor, scale: float) -> None:
         m = rows.shape[0]
         need = st.j + m
+        mirror = self.factor_dtype != _DTYPE
+        self._max_rows = max(self._max_rows, m)
         if st.Kt is None or need > st.Kt.shape[0]:
             old = 0 if st.Kt is None else st.Kt.shape[0]
-            cap = max(need, 2 * old, 64)
+            # grow geometrically, but not far past what a compression lets accumulate
+            limit = self.dim if st.L is None else self.max_pending
+            cap = max(need, min(max(2 * old, 64), limit + 2 * self._max_rows))
             Kt = torch.empty((cap, self.dim), dtype=_DTYPE)
+            Kf = torch.empty((cap, self.dim), dtype=self.factor_dtype) if mirror else Kt
             sc = torch.empty(cap, dtype=_DTYPE)
             if st.j:
                 Kt[: st.j] = st.Kt[: st.j]
                 sc[: st.j] = st.sc[: st.j]
-            st.Kt, st.sc = Kt, sc
+                if mirror:
+                    Kf[: st.j] = st.Kf[: st.j]
+            st.Kt, st.Kf, st.sc = Kt, Kf, sc
         st.Kt[st.j : need] = rows
+        if mirror:
+            st.Kf[st.j : need] = rows
         st.sc[st.j : need] = scale
         st.j = need
 
@@ -427,14 +463,18 @@ class LabelGaussians:
         G.diagonal().copy_(diag)
         if int(info) != 0:  # numerically indefinite: exact-up-to-rounding fallback
             evals, evecs = torch.linalg.eigh(_sym_from_lower(G))
-            L = evecs * torch.sqrt(evals.clamp_min(0.0) + self.regulariser)
-            L = L @ torch.eye(D, dtype=_DTYPE)  # (a full, not triangular, factor)
+            L = evecs * torch.sqrt(evals.clamp_min(0.0) + self.regulariser)  # full, not triangular
             st.L_full = True
         else:
             st.L_full = False
         st.L = L.to(self.factor_dtype)
         st.c = 1.0
         st.j = 0
+        # The pending buffer is empty now; after the first compression (which
+        # may need up to D columns) shrink it to what max_pending needs.
+        target = self.max_pending + 2 * self._max_rows
+        if st.Kt.shape[0] > 1.5 * target:
+            st.Kt = st.Kf = st.sc = None
         self.num_compressions += 1
 
     # ------------------------------------------------------------- read-outs
@@ -474,7 +514,7 @@ class LabelGaussians:
             parts.append(st.L.to(_DTYPE) * math.sqrt(st.c))
         if st.j:
             parts.append(self._pending(st).T)
-        F = torch.cat(parts, dim=1)
+        F = torch.cat(parts, dim=1) if parts else torch.zeros((self.dim, 0), dtype=_DTYPE)
         return F, max(0.0, 1.0 - st.c) * self.regulariser
 
     # --------------------------------------------------------------- sampling
@@ -502,9 +542,9 @@ class LabelGaussians:
                 out = _trmm_lower(mean, eps[:, :D], st.L, math.sqrt(st.c), self._bounds)
         else:
             out = mean.expand(n, D).clone()
-        if st.j:  # K e2 with K = (Kt * sc)^T, in float64 like K itself
-            e2 = eps[:, d_l : d_l + st.j].to(_DTYPE) * st.sc[: st.j]
-            out.add_((e2 @ st.Kt[: st.j]).to(dt))
+        if st.j:  # K e2 with K = (Kt * sc)^T
+            e2 = eps[:, d_l : d_l + st.j] * st.sc[: st.j].to(dt)
+            out.addmm_(e2, st.Kf[: st.j])
         iso = max(0.0, 1.0 - st.c) * self.regulariser
         if iso > 0:
             out.add_(eps[:, d_l + st.j :], alpha=math.sqrt(iso))

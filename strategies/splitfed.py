@@ -82,3 +82,24 @@ class MiniBatchSFL(SyncSplitStrategy):
             out[p] = grad[start:start + b] * (x.shape[0] / b)
             start += b
         return out
+
+
+@register
+class SplitFedV2(SyncSplitStrategy):
+    """SplitFed-V2 (Thapa et al. 2022): one server-side model, updated by the cohort's clients in turn."""
+
+    name = "splitfed-v2"
+
+    def initialize(self) -> None:
+        """One server-side model with a persistent optimizer."""
+        super().initialize()
+        self.server_opt = self.server_optimizer(self.server_model)
+
+    def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
+        """One server step per client, in partition order, each on the updated model."""
+        grads = {}
+        for pid in sorted(batches):
+            x, y = batches[pid]
+            grads[pid], _ = server_step(self.server_model, self.server_opt, x, y, self.cfg.clip_norm)
+            self.server_updates += 1
+        return grads

@@ -151,6 +151,22 @@ def test_weighted_mean_and_covariance_over_all_updates(covariance, weighting):
         assert lg.count(label) == sum(int((lab == label).sum()) for _, lab in stream)
 
 
+def test_single_activation_flushes():
+    lg = LabelGaussians(1, 2, factor_dtype=torch.float64)
+    lg.update(torch.tensor([[1.0, 2.0]]), torch.tensor([0]))  # s(1) = 1
+    torch.testing.assert_close(lg.covariance(0), REG * torch.eye(2, dtype=torch.float64))
+    F, iso = lg.sampling_factor(0)
+    assert F.shape == (2, 0) and iso == REG
+    x = lg.sample(0, 3, torch.Generator().manual_seed(0))
+    assert torch.allclose(x, torch.tensor([1.0, 2.0]).expand(3, 2), atol=0.02)
+    lg.update(torch.tensor([[3.0, 0.0]]), torch.tensor([0]))  # s(2) = 2
+    # S = 3, mu = (1*[1,2] + 2*[3,0]) / 3 = [7/3, 2/3]
+    torch.testing.assert_close(lg.mean(0), torch.tensor([7 / 3, 2 / 3], dtype=torch.float64))
+    # Sigma = (1/3)(2/3) * d d^T with d = [1,2] - [3,0] = [-2, 2]
+    d = torch.tensor([-2.0, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(lg.covariance(0, regularised=False), (2 / 9) * torch.outer(d, d))
+
+
 def test_diagonal_equals_diagonal_of_full():
     stream = _stream(6, 2, 5, seed=2)
     full = LabelGaussians(2, 5, covariance="full", max_pending=3)
