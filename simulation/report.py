@@ -69,30 +69,44 @@ def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None
     return pd.DataFrame(out)
 
 
-def plot_curves(out: Path, table: pd.DataFrame, keys: list[str]) -> Path:
-    """Mean accuracy curves of every configuration on shared axes."""
+def _mean_curves(out: Path, table: pd.DataFrame, keys: list[str], column: str) -> list[tuple[str, pd.DataFrame]]:
+    """Per configuration: ``column`` and virtual time averaged over seeds, by global iteration."""
+    keys = [k for k in keys if k in table.columns] or ["strategy"]
+    curves = []
+    for values, group in table.groupby(keys, sort=False):
+        values = values if isinstance(values, tuple) else (values,)
+        frames = [pd.read_csv(out / r / "metrics.csv") for r in group["run"]]
+        merged = pd.concat(frames)
+        if column not in merged.columns:
+            continue
+        curve = merged.groupby("global_iteration")[[column, "virtual_time_s"]].mean()
+        curves.append((", ".join(str(v) for v in values), curve))
+    return curves
+
+
+def plot_curves(out: Path, table: pd.DataFrame, keys: list[str], column: str = "test_accuracy",
+                name: str = "curves.png", ylabel: str = "test accuracy (mean over seeds)") -> Path | None:
+    """Mean curves of ``column`` for every configuration, against global iteration and virtual time."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    curves = _mean_curves(out, table, keys, column)
+    if not curves:
+        return None
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    keys = [k for k in keys if k in table.columns] or ["strategy"]
-    for values, group in table.groupby(keys, sort=False):
-        values = values if isinstance(values, tuple) else (values,)
-        label = ", ".join(str(v) for v in values)
-        frames = [pd.read_csv(out / r / "metrics.csv") for r in group["run"]]
-        curve = pd.concat(frames).groupby("global_iteration")[["test_accuracy", "virtual_time_s"]].mean()
-        axes[0].plot(curve.index, curve["test_accuracy"], marker=".", label=label)
-        axes[1].plot(curve["virtual_time_s"], curve["test_accuracy"], marker=".", label=label)
+    for label, curve in curves:
+        axes[0].plot(curve.index, curve[column], marker=".", label=label)
+        axes[1].plot(curve["virtual_time_s"], curve[column], marker=".", label=label)
     axes[0].set_xlabel("global iteration")
     axes[1].set_xlabel("virtual time (s)")
-    axes[0].set_ylabel("test accuracy (mean over seeds)")
+    axes[0].set_ylabel(ylabel)
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
     fig.tight_layout()
-    path = out / "curves.png"
+    path = out / name
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -142,6 +156,9 @@ def report(out_dir: str | Path) -> Path:
         lines += [f"Budget: {meta['budget']}", ""]
     lines += [markdown_table(summary), "", "![curves](curves.png)", ""]
     plot_curves(out, table, keys)
+    if plot_curves(out, table, keys, "grad_dissimilarity", "dissimilarity.png",
+                   "gradient dissimilarity (GAS Fig. 2)"):
+        lines += ["![gradient dissimilarity](dissimilarity.png)", ""]
     if plot_profiles(out, out / table["run"].iloc[0]):
         lines += ["![device profiles](profiles.png)", ""]
     path = out / "report.md"
