@@ -334,8 +334,11 @@ class SFLStrategy(Strategy):
         """FLOPs of the client-side model (blocks ``[0, cut)``) on a batch.
 
         The first block's backward excludes the input gradient, which real
-        training never computes.
+        training never computes. With ``batch-parallel`` (GAS reference-code
+        accounting) a batch costs one sample's FLOPs.
         """
+        if self.cfg.batch_parallel:
+            batch = 1
         prof = self.task.profiles[:cut]
         total = 0.0
         if forward:
