@@ -142,7 +142,7 @@ class RunConfig:
         for key in positive:
             if self._values[key] < 1:
                 raise ConfigError(f"{key} must be >= 1, got {self._values[key]}")
-        for key in ["lr", "alpha", "server-lr"]:
+        for key in ["lr", "alpha", "server-lr", "node-timeout"]:
             if not self._values[key] > 0:
                 raise ConfigError(f"{key} must be > 0, got {self._values[key]}")
         for key in ["momentum", "weight-decay", "clip-norm", "target-accuracy", "max-virtual-time"]:

@@ -59,6 +59,8 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     task = load_task(cfg)
     check_batch_size(task, cfg.batch_size)
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output-dir '{out}' exists and is not a directory")
     return RunPlan(cfg, task, strategy_cls, profiles, out)
 
 

@@ -158,12 +158,12 @@ class SFLStrategy(Strategy):
         if num_rounds is not None:
             self.cfg = self.cfg.replace(global_iterations=num_rounds)
         self.summary()
-        self.connect(grid, timeout if timeout is not None else self.cfg.node_timeout)
-        self.initialize()
-        if initial_arrays is not None:
-            self.global_model().load_state_dict(P.record_state(initial_arrays))
-        self._open_progress()
         try:
+            self.connect(grid, timeout if timeout is not None else self.cfg.node_timeout)
+            self.initialize()
+            if initial_arrays is not None:
+                self.global_model().load_state_dict(P.record_state(initial_arrays))
+            self._open_progress()
             self.evaluate_and_record()
             if not self.should_stop():
                 self.run()
@@ -173,6 +173,9 @@ class SFLStrategy(Strategy):
             raise
         except RunFailedError as err:
             self.status = f"failed: {err}"
+            raise
+        except BaseException as err:
+            self.status = f"interrupted: {type(err).__name__}"
             raise
         finally:
             self._close_progress()

@@ -8,7 +8,6 @@ configurations, on the in-process engine.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import tomllib
@@ -76,6 +75,9 @@ def test_defaults_are_a_valid_config():
     ({"clock": "sundial"}, "clock"),
     ({"aggregation": "median"}, "aggregation"),
     ({"staleness": "exp"}, "staleness"),
+    ({"node-timeout": 0}, "node-timeout"),  # every handshake would "time out" at once
+    ({"node-timeout": -5}, "node-timeout"),
+    ({"eval-samples": -1}, "eval-samples"),
 ])
 def test_from_mapping_rejects_bad_input(overrides, fragment):
     with pytest.raises(ConfigError) as info:
@@ -386,22 +388,23 @@ def test_backward_recomputes_stored_batch_and_keeps_momentum(server_identity):
     ref.load_state_dict(w0)
     names = [n for n, _ in ref.named_parameters()]
 
-    def grads_on(step, g_expected_acts):
+    def rebuild_forward(step, expected):
         idx = sample_batch(task, pid, sampler, B)
         x, y = load_batch(task, pid, idx, step)
         ref.zero_grad(set_to_none=True)
         acts = ref(x)
-        assert torch.equal(acts.detach(), g_expected_acts[0]), "the node did not run the expected batch"
-        assert torch.equal(y, g_expected_acts[1])
+        assert torch.equal(acts.detach(), expected[0]), "the node did not run the expected batch"
+        assert torch.equal(y, expected[1])
         return acts
 
-    acts = grads_on(0, (acts1, y1))
+    acts = rebuild_forward(0, (acts1, y1))
     acts.backward(g1)
     params = {n: p.detach().clone() for n, p in ref.named_parameters()}
     grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
     raw_norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads.values()))
     assert raw_norm > 2 * OPT["clip-norm"], "the test wants clipping to be active"
-    settings = dict(lr=OPT["lr"], momentum=OPT["momentum"], weight_decay=OPT["weight-decay"], clip_norm=OPT["clip-norm"])
+    settings = {"lr": OPT["lr"], "momentum": OPT["momentum"], "weight_decay": OPT["weight-decay"],
+                "clip_norm": OPT["clip-norm"]}
     p1, b1 = hand_sgd(params, grads, None, **settings)
 
     assert set(w1_app) == set(names)
@@ -412,7 +415,7 @@ def test_backward_recomputes_stored_batch_and_keeps_momentum(server_identity):
     with torch.no_grad():
         for n, p in ref.named_parameters():
             p.copy_(w1_app[n])
-    acts = grads_on(1, (acts2, y2))
+    acts = rebuild_forward(1, (acts2, y2))
     acts.backward(g2)
     params = {n: p.detach().clone() for n, p in ref.named_parameters()}
     grads = {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
@@ -434,17 +437,28 @@ def test_backward_recomputes_stored_batch_and_keeps_momentum(server_identity):
     assert reply.has_error() and "shape" in reply.error.reason
 
 
-def test_backward_matches_torch_sgd_exactly(server_identity):
-    """Bit-exact against torch's own SGD and clipping on the rebuilt batch."""
-    from fl_app.client_app import app
+@pytest.mark.parametrize("augment", [False, True])
+def test_backward_matches_torch_sgd_exactly(augment, server_identity, monkeypatch):
+    """Bit-exact against torch's own SGD and clipping on the rebuilt batch.
+
+    With ``augment`` the dataset gets CIFAR-style random crop + flip (mnist-5k
+    has none): the recomputation in train.backward must see the same
+    augmented images as the forward, i.e. the augmentation is seeded by the step.
+    """
+    import dataclasses
+
+    from fl_app import client_app as real
     from fl_app.task import load_task
     from fl_app.training import load_batch, sample_batch
     from simulation.engine import InProcessGrid
 
     cfg = make_cfg()
     task = load_task(cfg)
+    if augment:
+        task = dataclasses.replace(task, data=dataclasses.replace(task.data, augment=True))
+        monkeypatch.setattr(real, "load_task", lambda _cfg: task)
     B, cut, pid = 8, 2, 0
-    grid = InProcessGrid(app, cfg.num_clients, seed=cfg.seed)
+    grid = InProcessGrid(real.app, cfg.num_clients, seed=cfg.seed)
     nid = handshake(grid, cfg)[pid]
     client, server = task.split(cut)
     w0 = {k: v.clone() for k, v in client.state_dict().items()}
@@ -458,6 +472,11 @@ def test_backward_matches_torch_sgd_exactly(server_identity):
 
     idx = sample_batch(task, pid, ConfigRecord(), B)
     x, _ = load_batch(task, pid, idx, 0)
+    if augment:  # the augmentation is active and depends on the step
+        assert not torch.equal(x, task.data.train_batch(idx)[0])
+        assert not torch.equal(x, load_batch(task, pid, idx, 1)[0])
+    with torch.no_grad():
+        assert torch.equal(client(x), acts)
     client(x).backward(g)
     opt = torch.optim.SGD(client.parameters(), lr=OPT["lr"], momentum=OPT["momentum"], weight_decay=OPT["weight-decay"])
     nn.utils.clip_grad_norm_(client.parameters(), OPT["clip-norm"])
@@ -700,7 +719,7 @@ def test_outputs_written(small_run):
     assert summary["best_accuracy"] == pytest.approx(max(accs))
     assert summary["global_iterations"] == SMALL_RUN["global-iterations"]
     assert summary["virtual_time_s"] == pytest.approx(float(rows[-1]["virtual_time_s"]), abs=1e-5)
-    assert summary["wall_time_s"] >= wall[-1]
+    assert summary["wall_time_s"] >= wall[-1] - 1e-3  # rows are rounded to ms
     assert summary["status"] == "completed" and summary["failed_clients"] == []
 
     png = (small_run / "accuracy.png").read_bytes()
@@ -780,6 +799,7 @@ BAD_INPUTS = {
     "out of range": {"num-clients": 0},
     "unknown model": {"model": "resnet999"},
     "unknown heterogeneity": {"heterogeneity": "quantum"},
+    "zero node timeout": {"node-timeout": 0},
 }
 
 
@@ -805,6 +825,18 @@ def test_cli_item_without_equals(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("sflower: error:") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_output_dir_is_a_file(tmp_path, capsys):
+    from simulation.cli import main
+
+    target = tmp_path / "taken"
+    target.write_text("not a directory")
+    rc = main(cli_args({**TINY, "output-dir": target}, "-q"))
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert captured.err.startswith("sflower: error:") and captured.err.count("\n") == 1, captured.err
+    assert target.read_text() == "not a directory"
 
 
 # =============================================================================
