@@ -40,6 +40,18 @@ TINY = {
 }
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op torch thread for a module: its runs are tiny, and on a loaded
+    2-core machine extra threads only contend."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """``../shared/data`` (beside the repository); skips the test when absent."""

@@ -16,13 +16,7 @@ from strategies.aggregation import (ca2fl_step, fedbuff_step, staleness_weight, 
 from tests.conftest import make_cfg, read_metrics
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The runs below are tiny; on a loaded 2-core box intra-op threads only contend."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def t(*values):

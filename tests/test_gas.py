@@ -19,13 +19,7 @@ from strategies.gas import activation_gradient, logit_adjusted_loss
 from tests.conftest import read_metrics
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The runs below are tiny; on a loaded 2-core box intra-op threads only contend."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # =============================================================================
