@@ -33,6 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "partition": "shard",
     "alpha": 0.1,
     "shards": 2,
+    "min-partition-size": 1,
     "heterogeneity": "gas",
     "batch-parallel": False,
     # training (GAS paper defaults: lr 0.01, momentum 0.9, wd 5e-4, clip 10, B 32)
@@ -148,7 +149,7 @@ class RunConfig:
         for key in ["momentum", "weight-decay", "clip-norm", "target-accuracy", "max-virtual-time"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
-        for key in ["buffer-activations", "buffer-models", "fl-buffer", "eval-every", "eval-samples", "dissimilarity-every", "seed"]:
+        for key in ["buffer-activations", "buffer-models", "fl-buffer", "eval-every", "eval-samples", "dissimilarity-every", "seed", "min-partition-size"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
         if self.concurrency > self.num_clients:

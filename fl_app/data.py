@@ -502,6 +502,7 @@ def partition_indices(
     alpha: float = 0.5,
     shards: int = 2,
     seed: int = 0,
+    min_partition_size: int = 1,
 ) -> list[np.ndarray]:
     """Split the training set among ``num_partitions`` clients.
 
@@ -511,7 +512,7 @@ def partition_indices(
 
     * ``iid``: rows permuted with ``seed``, then ``IidPartitioner`` (contiguous,
       near-equal chunks; sizes differ by at most one).
-    * ``dirichlet``: ``DirichletPartitioner(alpha=alpha, min_partition_size=1,
+    * ``dirichlet``: ``DirichletPartitioner(alpha=alpha, min_partition_size=min_partition_size,
       self_balancing=False, shuffle=True, seed=seed)`` (per-class Dirichlet
       proportions; resampled at most 10 times if a partition is empty).
     * ``shard``: ``ShardPartitioner(num_shards_per_partition=shards,
@@ -577,7 +578,8 @@ def partition_indices(
         raise ConfigError(f"partition seed must be an integer, got {seed!r}")
     labels = labels.astype(np.int64, copy=False)
     key = hashlib.sha1(np.ascontiguousarray(labels).tobytes()).hexdigest()
-    cached = _partition_lru(key, n, num_partitions, scheme, alpha, shards, int(seed), _Unhashed(labels))
+    min_size = max(1, int(min_partition_size)) if scheme == "dirichlet" else 1
+    cached = _partition_lru(key, n, num_partitions, scheme, alpha, shards, int(seed), min_size, _Unhashed(labels))
     return [p.copy() for p in cached]
 
 
@@ -609,11 +611,12 @@ def _partition_lru(
     alpha: float,
     shards: int,
     seed: int,
+    min_size: int,
     labels_box: _Unhashed,
 ) -> tuple[np.ndarray, ...]:
     labels = labels_box.value
     labels_box.value = None  # the cache keeps the box as part of its key; do not keep the labels
-    parts = _partition_compute(labels, num_partitions, scheme, alpha, shards, seed)
+    parts = _partition_compute(labels, num_partitions, scheme, alpha, shards, seed, min_size)
     for p in parts:
         p.setflags(write=False)
     return tuple(parts)
@@ -626,6 +629,7 @@ def _partition_compute(
     alpha: float,
     shards: int,
     seed: int,
+    min_size: int = 1,
 ) -> list[np.ndarray]:
     import datasets as hf
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, ShardPartitioner
@@ -642,7 +646,7 @@ def _partition_compute(
             num_partitions=num_partitions,
             partition_by="label",
             alpha=alpha,
-            min_partition_size=1,
+            min_partition_size=min_size,
             self_balancing=False,
             shuffle=True,
             seed=seed,

@@ -22,7 +22,7 @@ from fl_app.models import BlockModel, BlockProfile, build_model, profile_blocks,
 
 #: Keys of the run configuration that define the task (data, partition, model).
 TASK_KEYS = (
-    "dataset", "data-dir", "partition", "alpha", "shards", "num-clients",
+    "dataset", "data-dir", "partition", "alpha", "shards", "min-partition-size", "num-clients",
     "model", "cut-layer", "seed",
 )
 
@@ -45,6 +45,7 @@ class Task:
     model_name: str
     cut_layer: int
     seed: int
+    partition_scheme: str = "iid"
 
     @functools.cached_property
     def _template(self) -> BlockModel:
@@ -99,6 +100,7 @@ def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
         alpha=float(values["alpha"]),
         shards=int(values["shards"]),
         seed=int(values["seed"]),
+        min_partition_size=int(values["min-partition-size"]),
     )
     task = Task(
         data=data,
@@ -106,6 +108,7 @@ def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
         model_name=str(values["model"]),
         cut_layer=int(values["cut-layer"]),
         seed=int(values["seed"]),
+        partition_scheme=str(values["partition"]),
     )
     task.split()  # validates model name and cut layer
     return task
@@ -123,6 +126,7 @@ def check_batch_size(task: Task, batch_size: int) -> None:
         raise ConfigError(
             f"batch-size={batch_size} is larger than partition {smallest} "
             f"({sizes[smallest]} examples); lower batch-size or num-clients"
+            + (", or raise min-partition-size" if task.partition_scheme == "dirichlet" else "")
         )
 
 
