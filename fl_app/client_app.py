@@ -40,7 +40,22 @@ from fl_app.training import (
     sample_batch,
 )
 
-app = ClientApp()
+
+def one_torch_thread(msg: Message, context: Context, call_next) -> Message:
+    """Flower mod: run the handler with one intra-op torch thread, then restore.
+
+    Ray actors run with one thread; pinning it everywhere makes the client's
+    floating-point results (and so whole runs) bit-identical across engines.
+    """
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return call_next(msg, context)
+    finally:
+        torch.set_num_threads(old)
+
+
+app = ClientApp(mods=[one_torch_thread])
 
 WEIGHTS_KEY = "client.weights"
 OPTIMIZER_KEY = "client.optimizer"
