@@ -438,7 +438,9 @@ def test_backward_recomputes_stored_batch_and_keeps_momentum(server_identity):
 
 
 @pytest.mark.parametrize("augment", [False, True])
-def test_backward_matches_torch_sgd_exactly(augment, server_identity, monkeypatch):
+def test_backward_matches_torch_sgd_exactly(augment, server_identity, monkeypatch, one_torch_thread):
+    # one thread on both sides: the ClientApp pins one (fl_app.client_app.one_torch_thread), and
+    # bit-exact equality needs the reference computed with the same thread count
     """Bit-exact against torch's own SGD and clipping on the rebuilt batch.
 
     With ``augment`` the dataset gets CIFAR-style random crop + flip (mnist-5k
