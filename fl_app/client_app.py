@@ -76,9 +76,11 @@ class _Node:
 
     @property
     def state(self) -> RecordDict:
+        """The node's persistent ``context.state``."""
         return self.context.state
 
     def config(self, key: str) -> ConfigRecord:
+        """The ConfigRecord ``key`` of the node state, created empty when absent."""
         if key not in self.state.config_records:
             self.state[key] = ConfigRecord()
         return self.state.config_records[key]
@@ -92,6 +94,7 @@ class _Node:
         return model
 
     def save_model(self, model: BlockModel) -> None:
+        """Store the client-side model's weights in the node state."""
         self.state[WEIGHTS_KEY] = P.state_record(model.state_dict())
 
     def forward(self, model: BlockModel, batch_size: int, cut: int) -> RecordDict:

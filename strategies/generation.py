@@ -295,6 +295,7 @@ class LabelGaussians:
     # ------------------------------------------------------------------ state
     @property
     def diagonal(self) -> bool:
+        """Whether only per-dimension variances are kept."""
         return self.covariance_kind == "diagonal"
 
     def _state(self, label: int) -> _LabelState:
@@ -310,6 +311,7 @@ class LabelGaussians:
         return st
 
     def has_stats(self, label: int) -> bool:
+        """Whether ``label`` has received any activations."""
         return self._state(label).count > 0
 
     def ready(self) -> bool:
