@@ -20,15 +20,18 @@ from typing import Any
 import pandas as pd
 
 from fl_app.errors import ConfigError
-from simulation.sweep import collect
+from simulation.sweep import collect, expand, run_name
 
 
-def _sweep_meta(out: Path) -> tuple[list[str], dict[str, Any]]:
+def _sweep_meta(out: Path) -> tuple[list[str], dict[str, Any], list[str]]:
+    """(grid keys except seed, meta table, run names in sweep order) of a sweep directory."""
     path = out / "sweep.json"
     if path.exists():
         spec = json.loads(path.read_text())
-        return [k for k in spec["grid"] if k != "seed"], spec.get("meta", {})
-    return ["strategy"], {}
+        keys = list(spec["grid"])
+        order = [run_name(r, keys) for r in expand(spec)]
+        return [k for k in keys if k != "seed"], spec.get("meta", {}), order
+    return ["strategy"], {}, []
 
 
 def _fmt(mean: float, std: float, scale: float = 100.0) -> str:
@@ -146,10 +149,13 @@ def report(out_dir: str | Path) -> Path:
     out = Path(out_dir)
     if not out.is_dir():
         raise ConfigError(f"'{out}' is not a directory")
-    keys, meta = _sweep_meta(out)
+    keys, meta, order = _sweep_meta(out)
     table = collect(out, target=float(meta.get("target-accuracy", 0.0)))
     if table.empty:
         raise ConfigError(f"no finished runs under '{out}'")
+    if order:
+        rank = {name: i for i, name in enumerate(order)}
+        table = table.sort_values("run", key=lambda col: col.map(lambda r: rank.get(r, len(rank))))
     summary = summarize(table, keys, meta.get("paper"))
     lines = [f"# {meta.get('description', out.name)}", ""]
     if meta.get("budget"):
