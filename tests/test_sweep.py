@@ -1,0 +1,87 @@
+"""Sweeps resume, collect one table, and report (issue: experiments, sweeps, reports)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from fl_app.errors import ConfigError
+from simulation.cli import main
+from simulation.report import report
+from simulation.sweep import expand, load_sweep, run_sweep
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SWEEP = """
+[meta]
+description = "tiny"
+target-accuracy = 0.15
+[meta.paper]
+"gas-nogen" = 12.5
+[base]
+dataset = "mnist-5k"
+num-clients = 3
+concurrency = 2
+partition = "iid"
+global-iterations = 1
+local-iterations = 2
+batch-size = 8
+heterogeneity = "gas"
+[variants]
+"gas-nogen" = { strategy = "gas", generate = false }
+fedavg = { strategy = "fedavg" }
+[grid]
+variant = ["gas-nogen", "fedavg"]
+seed = [0, 1]
+"""
+
+
+def test_expand_applies_variants(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP)
+    runs = expand(load_sweep(path))
+    assert len(runs) == 4
+    assert runs[0]["strategy"] == "gas" and runs[0]["generate"] is False and runs[0]["seed"] == 0
+    assert runs[3]["strategy"] == "fedavg" and runs[3]["seed"] == 1 and "generate" not in runs[3]
+
+
+def test_sweep_resumes_and_reports(tmp_path, capsys):
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP)
+    out = tmp_path / "out"
+    table = run_sweep(path, out, progress=False)
+    assert len(table) == 4 and set(table["status"]) == {"completed"}
+    assert {"final_accuracy", "best_accuracy", "time_to_target_s", "iterations_to_target",
+            "bytes_up", "bytes_down", "wall_time_s", "strategy", "seed", "variant"} <= set(table.columns)
+    assert pd.read_csv(out / "results.csv").shape[0] == 4
+
+    # Interrupt one run: drop its summary. Resuming reruns it and only it.
+    done = out / "variant=fedavg,seed=0"
+    kept = out / "variant=gas-nogen,seed=1"
+    (done / "summary.json").unlink()
+    before = (kept / "metrics.csv").stat().st_mtime_ns
+    capsys.readouterr()
+    run_sweep(path, out, progress=False)
+    printed = capsys.readouterr().out
+    assert printed.count("skipped") == 3
+    assert (done / "summary.json").exists()
+    assert (kept / "metrics.csv").stat().st_mtime_ns == before
+
+    md = report(out).read_text()
+    assert "| gas-nogen | 2 |" in md and "| fedavg | 2 |" in md and "12.5" in md
+    assert (out / "curves.png").stat().st_size > 0 and (out / "profiles.png").stat().st_size > 0
+
+
+def test_bad_sweep_files(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[grid]\nstrategy = "gas"\n')
+    with pytest.raises(ConfigError, match="non-empty list"):
+        load_sweep(bad)
+    bad.write_text('[grid]\nvariant = ["nope"]\n')
+    with pytest.raises(ConfigError, match="not defined"):
+        load_sweep(bad)
+    bad.write_text('[grid]\nnot-a-key = [1]\n')
+    with pytest.raises(ConfigError, match="unknown run-config key"):
+        load_sweep(bad)
+    assert main(["sweep", str(tmp_path / "missing.toml")]) == 2
+    assert main(["report", str(tmp_path / "nothing")]) == 2
