@@ -9,7 +9,7 @@ pure functions of :mod:`strategies.aggregation`.
 from __future__ import annotations
 
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fl_app import protocol as P
 from fl_app.models import BlockModel
@@ -33,14 +33,15 @@ class FullModelMixin(SFLStrategy):
         """The global model."""
         return self.model
 
-    def fit_request(self, weights: dict[str, torch.Tensor]) -> Request:
-        """``train.fit``: E local iterations from ``weights``; timed as E·B forward+backward passes."""
+    def fit_request(self, weights: ArrayRecord) -> Request:
+        """``train.fit``: E local iterations from ``weights`` (encoded once by the caller);
+        timed as E·B forward+backward passes."""
         c = self.cfg
         n = len(self.task.profiles)
         flops = c.local_iterations * (self.client_flops(n, c.batch_size, forward=True, backward=True))
         config = ConfigRecord({"local-iterations": c.local_iterations, "batch-size": c.batch_size, "lr": c.lr,
                                "momentum": c.momentum, "weight-decay": c.weight_decay, "clip-norm": c.clip_norm})
-        content = RecordDict({P.WEIGHTS: P.state_record(weights), P.CONFIG: config})
+        content = RecordDict({P.WEIGHTS: weights, P.CONFIG: config})
         return (P.TRAIN_FIT, content, flops, self.model_bits(0, n))
 
     def aggregation_weight(self, pid: int) -> float:
@@ -56,7 +57,7 @@ class FedAvg(FullModelMixin, SyncStrategy):
 
     def run_round(self, cohort: list[int]) -> None:
         """Local training on the cohort, then the weighted average."""
-        start = self.model.state_dict()
+        start = P.state_record(self.model.state_dict())
         replies = self.gather({pid: self.fit_request(start) for pid in cohort})
         if replies:
             pids = sorted(replies)
@@ -77,22 +78,24 @@ class BufferedFL(FullModelMixin, AsyncStrategy):
         super().initialize()
         self.k = self.cfg.fl_buffer or self.cfg.concurrency
         self.version = 0
-        self.snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        #: version -> (state, its encoded ArrayRecord) of the models clients started from
+        self.snapshots: dict[int, tuple[dict[str, torch.Tensor], ArrayRecord]] = {}
         self.started: dict[int, int] = {}
         self.buffer: list[tuple[int, dict[str, torch.Tensor], int]] = []
 
     def launch(self, pid: int) -> None:
         """Send the current global model for E local iterations."""
         if self.version not in self.snapshots:
-            self.snapshots[self.version] = {k: v.clone() for k, v in self.model.state_dict().items()}
+            state = {k: v.clone() for k, v in self.model.state_dict().items()}
+            self.snapshots[self.version] = (state, P.state_record(state))
         self.started[pid] = self.version
-        self.send_request(pid, self.fit_request(self.snapshots[self.version]))
+        self.send_request(pid, self.fit_request(self.snapshots[self.version][1]))
 
     def on_reply(self, pid: int, action: str, content: RecordDict) -> None:
         """Buffer ``Δ_k = w_k − w_start``; flush K updates into the global model."""
         v0 = self.started.pop(pid)
         new = P.record_state(content.array_records[P.WEIGHTS])
-        self.buffer.append((pid, state_delta(new, self.snapshots[v0]), self.version - v0))
+        self.buffer.append((pid, state_delta(new, self.snapshots[v0][0]), self.version - v0))
         self._forget_snapshots()
         if len(self.buffer) >= self.k:
             self.model.load_state_dict(self.apply_buffer(self.model.state_dict(), self.buffer))

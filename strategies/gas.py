@@ -108,7 +108,7 @@ class GAS(SplitMixin, AsyncStrategy):
     def launch(self, pid: int) -> None:
         """Start a local round of E iterations from the current client-side model."""
         self.progress_of[pid] = 0
-        self.send_request(pid, self.forward_request(self.cfg.batch_size, self.client_model.state_dict()))
+        self.send_request(pid, self.forward_request(self.cfg.batch_size, P.state_record(self.client_model.state_dict())))
 
     def on_reply(self, pid: int, action: str, content: RecordDict) -> None:
         """Activations: answer with G_k and buffer them. Weights: model buffer."""

@@ -19,7 +19,7 @@ import copy
 from collections.abc import Callable
 
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from torch import nn
 
 from fl_app import protocol as P
@@ -89,11 +89,11 @@ class SplitMixin(SFLStrategy):
         c = self.cfg
         return {"lr": c.lr, "momentum": c.momentum, "weight-decay": c.weight_decay, "clip-norm": c.clip_norm}
 
-    def forward_request(self, batch: int, weights: dict[str, torch.Tensor] | None) -> Request:
-        """``train.forward``: optionally load ``weights``, run one batch."""
+    def forward_request(self, batch: int, weights: ArrayRecord | None) -> Request:
+        """``train.forward``: optionally load ``weights`` (encoded once by the caller), run one batch."""
         content = RecordDict({P.CONFIG: ConfigRecord({"batch-size": batch, "cut": self.cut, **self.optimizer_config()})})
         if weights is not None:
-            content[P.WEIGHTS] = P.state_record(weights)
+            content[P.WEIGHTS] = weights
         return (P.TRAIN_FORWARD, content, self.client_flops(self.cut, batch), self.activation_bits(self.cut, batch))
 
     def backward_request(self, grad: torch.Tensor, nxt: str, next_batch: int = 0) -> Request:
@@ -155,7 +155,7 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         """Forward from the current client model, E exchanges, average the uploads."""
         sizes = {pid: self.batch_size_for(pid, cohort) for pid in cohort}
         self.begin_round(cohort)
-        start = self.client_model.state_dict()
+        start = P.state_record(self.client_model.state_dict())
         replies = self.gather({pid: self.forward_request(sizes[pid], start) for pid in cohort})
         local = self.cfg.local_iterations
         for e in range(local):
