@@ -94,11 +94,12 @@ def test_same_config_same_metrics(tmp_path):
 # =============================================================================
 
 
-def test_ray_matches_inprocess(tmp_path):
+@pytest.mark.parametrize("strategy", ["splitfed-v1", "gas"])
+def test_ray_matches_inprocess(tmp_path, strategy):
     from fl_app.server_app import plan_run
     from simulation.engine import run_inprocess, run_ray
 
-    base = {"strategy": "splitfed-v1", "num_clients": 3, "concurrency": 3, "global_iterations": 1,
+    base = {"strategy": strategy, "num_clients": 3, "concurrency": 3, "global_iterations": 1,
             "local_iterations": 2, "batch_size": 8, "seed": 1}
     plan_ray = plan_run(make_cfg(**base, output_dir=str(tmp_path / "ray")))
     plan_local = plan_run(make_cfg(**base, output_dir=str(tmp_path / "local")))
@@ -109,10 +110,10 @@ def test_ray_matches_inprocess(tmp_path):
     assert len(rows_ray) == len(rows_local) == 2
     assert s_ray["status"] == "completed" and s_ray["failed_clients"] == []
     # The same messages, the same seeded batches, the same virtual clock: identical
-    # bookkeeping. Measured: the accuracy AND the loss are bit-identical too, although
-    # the clients run in Ray actors (other processes, other torch thread counts) on
-    # one engine and in this process on the other; the CPU kernels used here
-    # (conv2d, linear, max-pool on small batches) do not depend on the thread count.
+    # bookkeeping. The accuracy AND the loss are bit-identical too, although the
+    # clients run in Ray actors on one engine and in this process on the other: the
+    # ClientApp pins one torch thread (fl_app.client_app.one_torch_thread), as Ray
+    # actors have, and float results depend on the thread count.
     for col in ("global_iteration", "server_updates", "virtual_time_s", "bytes_up", "bytes_down", "exchanges",
                 "test_accuracy", "test_loss"):
         assert [r[col] for r in rows_ray] == [r[col] for r in rows_local], col
