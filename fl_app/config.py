@@ -36,6 +36,7 @@ DEFAULTS: dict[str, Any] = {
     "min-partition-size": 1,
     "heterogeneity": "gas",
     "batch-parallel": False,
+    "downlink": False,
     # training (GAS paper defaults: lr 0.01, momentum 0.9, wd 5e-4, clip 10, B 32)
     "global-iterations": 20,
     "local-iterations": 20,

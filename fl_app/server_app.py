@@ -55,7 +55,7 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     from strategies.registry import get_strategy
 
     strategy_cls = get_strategy(cfg.strategy)
-    profiles = draw_profiles(cfg.heterogeneity, cfg.num_clients, cfg.seed)
+    profiles = draw_profiles(cfg.heterogeneity, cfg.num_clients, cfg.seed, downlink=cfg.downlink)
     task = load_task(cfg)
     check_batch_size(task, cfg.batch_size)
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
