@@ -88,7 +88,8 @@ def _mean_curves(out: Path, table: pd.DataFrame, keys: list[str], column: str) -
 
 
 def plot_curves(out: Path, table: pd.DataFrame, keys: list[str], column: str = "test_accuracy",
-                name: str = "curves.png", ylabel: str = "test accuracy (mean over seeds)") -> Path | None:
+                name: str = "curves.png", ylabel: str = "test accuracy (mean over seeds)",
+                logy: bool = False) -> Path | None:
     """Mean curves of ``column`` for every configuration, against global iteration and virtual time."""
     import matplotlib
 
@@ -107,6 +108,8 @@ def plot_curves(out: Path, table: pd.DataFrame, keys: list[str], column: str = "
     axes[0].set_ylabel(ylabel)
     for ax in axes:
         ax.grid(alpha=0.3)
+        if logy:
+            ax.set_yscale("log")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     path = out / name
@@ -163,7 +166,7 @@ def report(out_dir: str | Path) -> Path:
     lines += [markdown_table(summary), "", "![curves](curves.png)", ""]
     plot_curves(out, table, keys)
     if plot_curves(out, table, keys, "grad_dissimilarity", "dissimilarity.png",
-                   "gradient dissimilarity (GAS Fig. 2)"):
+                   "gradient dissimilarity (GAS Fig. 2)", logy=True):
         lines += ["![gradient dissimilarity](dissimilarity.png)", ""]
     if plot_profiles(out, out / table["run"].iloc[0]):
         lines += ["![device profiles](profiles.png)", ""]
