@@ -21,6 +21,7 @@ key                kind        meaning
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -74,7 +75,8 @@ def record_state(record: ArrayRecord) -> dict[str, torch.Tensor]:
 
 
 def record_bytes(record: ArrayRecord | None) -> int:
-    """Payload size of an ArrayRecord in bytes (tensor data only)."""
+    """Payload size of an ArrayRecord in bytes (tensor data only, from shapes and dtypes;
+    nothing is deserialised)."""
     if record is None:
         return 0
-    return int(sum(a.numpy().nbytes for a in record.values()))
+    return int(sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in record.values()))

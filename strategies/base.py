@@ -269,6 +269,10 @@ class SFLStrategy(Strategy):
             return []
         return [int(pool[i]) for i in self.rng.choice(len(pool), size=k, replace=False)]
 
+    def aggregation_weight(self, pid: int) -> float:
+        """Weight of a client's model in averaging: ``|D_k|`` (GAS eq. 10), or 1 with ``aggregation=uniform``."""
+        return 1.0 if self.cfg.aggregation == "uniform" else float(self.clients[pid].num_examples)
+
     # ------------------------------------------------------------------ messaging
     def send(self, pid: int, action: str, content: RecordDict, *, flops: float, bits_up: float = 0.0) -> None:
         """Send work to a client; it is due after its device's compute + transfer time.

@@ -44,10 +44,6 @@ class FullModelMixin(SFLStrategy):
         content = RecordDict({P.WEIGHTS: weights, P.CONFIG: config})
         return (P.TRAIN_FIT, content, flops, self.model_bits(0, n))
 
-    def aggregation_weight(self, pid: int) -> float:
-        """``|D_k|`` or 1 (``aggregation=uniform``)."""
-        return 1.0 if self.cfg.aggregation == "uniform" else float(self.clients[pid].num_examples)
-
 
 @register
 class FedAvg(FullModelMixin, SyncStrategy):

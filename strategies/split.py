@@ -122,10 +122,6 @@ class SplitMixin(SFLStrategy):
         return (P.record_state(content.array_records[P.WEIGHTS]),
                 int(content.config_records[P.INFO]["num-examples"]))
 
-    def aggregation_weight(self, pid: int) -> float:
-        """Weight of a client's model in averaging: ``|D_k|`` (GAS eq. 10) or 1."""
-        return 1.0 if self.cfg.aggregation == "uniform" else float(self.clients[pid].num_examples)
-
 
 class SyncSplitStrategy(SplitMixin, SyncStrategy):
     """A synchronous SFL round; subclasses define the server side.
