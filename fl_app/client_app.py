@@ -2,27 +2,36 @@
 
 All per-node state lives in ``context.state`` (a RecordDict), never in
 Python objects, because Flower may run a node's next message in another
-process:
+process. A node holds its data sampler and any number of named **model
+slots** (:data:`fl_app.protocol.OWN_SLOT` for its own client-side model,
+``relay:<origin>`` for a segment it trains for another client):
 
-===================  ======  ==============================================
-``task``             Config  the run configuration from the handshake
-``client.weights``   Array   the client-side model
-``client.optimizer`` Array   SGD momentum buffers of the client-side model
-``client.sampler``   Config  ``epoch``, ``pos``, ``step`` of the batch sampler
-``client.batch``     Config  ``indices``, ``step``, ``cut`` of the batch whose
-                             activations were last sent
-===================  ======  ==============================================
+=========================  ======  ===========================================
+``task``                   Config  the run configuration from the handshake
+``data.sampler``           Config  ``epoch``, ``pos``, ``step`` of the sampler
+``slot.<name>.weights``    Array   the slot's weights (absent: the seeded
+                                   initial weights of its blocks)
+``slot.<name>.optimizer``  Array   SGD momentum buffers of the slot
+``slot.<name>.accum``      Array   accumulated weighted parameter gradients
+``slot.<name>.batch``      Config  ``start``, ``end`` of the slot's range;
+                                   for own data ``indices`` and ``step`` of
+                                   the batch last forwarded
+``slot.<name>.input``      Array   a relayed input ``x`` (and labels ``y``)
+                                   of the slot's last forward
+=========================  ======  ===========================================
 
-``train.backward`` recomputes the forward pass on the stored batch
-(identical inputs: the augmentation is seeded by the step), applies the
-received activation gradient, clips and steps.
+``train.backward`` recomputes the forward pass on the stored input
+(identical inputs: the augmentation is seeded by the step), then applies
+the received gradient: clipped and stepped at once, or accumulated (weighted)
+for a later ``train.step``.
 """
 
 from __future__ import annotations
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from torch import nn
 
 from fl_app import protocol as P
 from fl_app.config import RunConfig
@@ -30,9 +39,11 @@ from fl_app.errors import ConfigError
 from fl_app.models import BlockModel
 from fl_app.task import Task, load_task
 from fl_app.training import (
+    accumulate_gradients,
     clip_and_step,
     evaluate_model,
     load_batch,
+    load_gradients,
     load_optimizer,
     local_fit,
     make_sgd,
@@ -57,10 +68,98 @@ def one_torch_thread(msg: Message, context: Context, call_next) -> Message:
 
 app = ClientApp(mods=[one_torch_thread])
 
-WEIGHTS_KEY = "client.weights"
-OPTIMIZER_KEY = "client.optimizer"
-SAMPLER_KEY = "client.sampler"
-BATCH_KEY = "client.batch"
+SAMPLER_KEY = "data.sampler"
+
+
+class _Slot:
+    """One named model slot of a node: weights, optimizer, accumulator, stored input."""
+
+    def __init__(self, node: _Node, name: str) -> None:
+        self.node = node
+        self.name = name
+        self.prefix = f"slot.{name}."
+
+    def _key(self, part: str) -> str:
+        return self.prefix + part
+
+    def array(self, part: str) -> ArrayRecord | None:
+        """The slot's ArrayRecord ``part`` (``weights``, ``optimizer``, ...), or None."""
+        return self.node.state.array_records.get(self._key(part))
+
+    def put(self, part: str, record: ArrayRecord | ConfigRecord) -> None:
+        """Store a record of the slot."""
+        self.node.state[self._key(part)] = record
+
+    def drop(self, *parts: str) -> None:
+        """Remove records of the slot (absent ones are ignored)."""
+        for part in parts:
+            key = self._key(part)
+            if key in self.node.state.array_records or key in self.node.state.config_records:
+                del self.node.state[key]
+
+    @property
+    def batch(self) -> ConfigRecord:
+        """The slot's range and last batch.
+
+        Raises:
+            RuntimeError: the slot has run no forward pass yet.
+        """
+        key = self._key("batch")
+        if key not in self.node.state.config_records:
+            raise RuntimeError(f"slot '{self.name}' has no stored forward pass: send train.forward first")
+        return self.node.state.config_records[key]
+
+    def model(self, start: int, end: int) -> BlockModel:
+        """Blocks ``[start, end)`` with the slot's stored weights.
+
+        Raises:
+            ValueError: the stored weights belong to another block range.
+        """
+        model = self.node.task.build_segment(start, end)
+        stored = self.array("weights")
+        if stored is not None:
+            state = P.record_state(stored)
+            if set(state) != set(model.state_dict()):
+                raise ValueError(f"slot '{self.name}' holds other blocks than [{start}, {end}); send weights")
+            model.load_state_dict(state)
+        return model
+
+    def load_weights(self, record: ArrayRecord) -> None:
+        """Replace the weights; reset the optimizer and the accumulator."""
+        self.put("weights", record)
+        self.drop("optimizer", "accum")
+
+    def optimizer(self, model: BlockModel, cfg: P.OptimizerConfig) -> torch.optim.SGD:
+        """SGD over ``model`` with the message's settings and the slot's momentum buffers."""
+        opt = make_sgd(model, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.lr_scale)
+        load_optimizer(model, opt, self.array("optimizer"))
+        return opt
+
+    def step(self, model: BlockModel, opt: torch.optim.SGD, clip_norm: float) -> None:
+        """Clip, step and store the weights and momentum buffers."""
+        clip_and_step(model, opt, clip_norm)
+        self.put("weights", P.state_record(model.state_dict()))
+        self.put("optimizer", optimizer_record(model, opt))
+
+    def apply_gradients(self, model: BlockModel, cfg: P.ForwardConfig | P.BackwardConfig) -> None:
+        """After ``backward()``: accumulate ``weight``·grad, or step at once."""
+        if cfg.accumulate:
+            self.put("accum", accumulate_gradients(model, self.array("accum"), cfg.weight))
+            return
+        if cfg.weight != 1.0:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(cfg.weight)
+        self.step(model, self.optimizer(model, cfg), cfg.clip_norm)
+
+    def stored_input(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The input of the slot's last forward: own data (recomputed) or the relayed tensor."""
+        batch = self.batch
+        if int(batch["start"]) == 0:
+            return load_batch(self.node.task, self.node.partition_id, batch["indices"], int(batch["step"]))
+        record = self.array("input")
+        labels = P.record_tensor(record, "y") if "y" in record else None
+        return P.record_tensor(record, "x"), labels
 
 
 class _Node:
@@ -85,31 +184,33 @@ class _Node:
             self.state[key] = ConfigRecord()
         return self.state.config_records[key]
 
-    def client_model(self, cut: int) -> BlockModel:
-        """Blocks ``[0, cut)`` with this node's stored weights."""
-        model = self.task.build_segment(0, cut)
-        if WEIGHTS_KEY in self.state.array_records:
-            stored = P.record_state(self.state.array_records[WEIGHTS_KEY])
-            model.load_state_dict(stored)
-        return model
+    def slot(self, name: str) -> _Slot:
+        """The model slot ``name``."""
+        return _Slot(self, name)
 
-    def save_model(self, model: BlockModel) -> None:
-        """Store the client-side model's weights in the node state."""
-        self.state[WEIGHTS_KEY] = P.state_record(model.state_dict())
-
-    def forward(self, model: BlockModel, batch_size: int, cut: int) -> RecordDict:
-        """Sample the next batch, run the client-side model, remember the batch."""
+    def sample(self, batch_size: int) -> tuple[ConfigRecord, torch.Tensor, torch.Tensor]:
+        """Sample the next batch of own data: ``(batch record, x, y)``."""
         sampler = self.config(SAMPLER_KEY)
         step = int(sampler.get("step", 0))
         idx = sample_batch(self.task, self.partition_id, sampler, batch_size)
         sampler["step"] = step + 1
-        self.state[BATCH_KEY] = ConfigRecord({"indices": idx.tolist(), "step": step, "cut": cut})
         x, y = load_batch(self.task, self.partition_id, idx, step)
+        return ConfigRecord({"indices": idx.tolist(), "step": step}), x, y
+
+    def forward(self, slot: _Slot, model: BlockModel, start: int, end: int, batch_size: int) -> RecordDict:
+        """Sample the next own batch, run blocks ``[start, end)``, remember the batch."""
+        record, x, y = self.sample(batch_size)
+        record["start"], record["end"] = start, end
+        slot.put("batch", record)
         with torch.no_grad():
             acts = model(x)
+        return RecordDict({P.ACTIVATIONS: P.tensor_record("x", acts), P.LABELS: P.tensor_record("y", y)})
+
+    def weights_reply(self, model: BlockModel) -> RecordDict:
+        """The slot's weights and this node's example count."""
         return RecordDict({
-            P.ACTIVATIONS: P.tensor_record("x", acts),
-            P.LABELS: P.tensor_record("y", y),
+            P.WEIGHTS: P.state_record(model.state_dict()),
+            P.INFO: ConfigRecord({P.INFO_NUM_EXAMPLES: self.task.num_examples(self.partition_id)}),
         })
 
 
@@ -126,14 +227,6 @@ def _partition_id(context: Context, cfg: RunConfig) -> int:
     return pid
 
 
-def _optimizer_settings(config: ConfigRecord) -> dict[str, float]:
-    return {
-        "lr": float(config["lr"]),
-        "momentum": float(config.get("momentum", 0.0)),
-        "weight_decay": float(config.get("weight-decay", 0.0)),
-    }
-
-
 @app.query("info")
 def query_info(msg: Message, context: Context) -> Message:
     """Handshake: store the task, reply partition id, size and label histogram."""
@@ -141,63 +234,103 @@ def query_info(msg: Message, context: Context) -> Message:
     node = _Node(context)
     hist = node.task.histogram(node.partition_id)
     info = ConfigRecord({
-        "partition-id": node.partition_id,
-        "num-examples": node.task.num_examples(node.partition_id),
-        "label-histogram": [int(v) for v in hist],
+        P.INFO_PARTITION_ID: node.partition_id,
+        P.INFO_NUM_EXAMPLES: node.task.num_examples(node.partition_id),
+        P.INFO_LABEL_HISTOGRAM: [int(v) for v in hist],
     })
     return Message(RecordDict({P.INFO: info}), reply_to=msg)
 
 
+def _input_gradient_record(x: torch.Tensor, start: int) -> dict[str, ArrayRecord]:
+    """``{GRADIENT: dL/dx}`` for a range that does not start at block 0, else nothing."""
+    return {P.GRADIENT: P.tensor_record("g", x.grad)} if start > 0 else {}
+
+
 @app.train("forward")
 def train_forward(msg: Message, context: Context) -> Message:
-    """Optionally load sent weights (resetting the optimizer); forward one batch."""
+    """Run a block range of a slot on own data or a relayed input (see :class:`~fl_app.protocol.ForwardConfig`)."""
     node = _Node(context)
-    config = msg.content.config_records[P.CONFIG]
-    cut = int(config.get("cut", node.task.cut_layer))
+    cfg = P.ForwardConfig.from_record(msg.content.config_records[P.CONFIG])
+    slot = node.slot(cfg.slot)
     if P.WEIGHTS in msg.content.array_records:
-        node.state[WEIGHTS_KEY] = msg.content.array_records[P.WEIGHTS]
-        if OPTIMIZER_KEY in node.state.array_records:
-            del node.state[OPTIMIZER_KEY]
-    model = node.client_model(cut)
-    return Message(node.forward(model, int(config["batch-size"]), cut), reply_to=msg)
+        slot.load_weights(msg.content.array_records[P.WEIGHTS])
+    model = slot.model(cfg.start, cfg.end)
+    if cfg.start == 0:
+        if not cfg.loss:
+            return Message(node.forward(slot, model, cfg.start, cfg.end, cfg.batch_size), reply_to=msg)
+        record, x, y = node.sample(cfg.batch_size)
+        record["start"], record["end"] = cfg.start, cfg.end
+    else:
+        arrays = msg.content.array_records
+        x = P.record_tensor(arrays[P.ACTIVATIONS], "x")
+        y = P.record_tensor(arrays[P.LABELS], "y") if P.LABELS in arrays else None
+        stored = {"x": x} if y is None else {"x": x, "y": y}
+        slot.put("input", P.state_record(stored))
+        record = ConfigRecord({"start": cfg.start, "end": cfg.end})
+    slot.put("batch", record)
+    if not cfg.loss:
+        with torch.no_grad():
+            out = model(x)
+        content = RecordDict({P.ACTIVATIONS: P.tensor_record("x", out)})
+        if y is not None:
+            content[P.LABELS] = P.tensor_record("y", y)
+        return Message(content, reply_to=msg)
+    if y is None:
+        raise ValueError("train.forward with loss=true needs labels")
+    x.requires_grad_(cfg.start > 0)
+    model.train()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    slot.apply_gradients(model, cfg)
+    content = RecordDict({**_input_gradient_record(x, cfg.start),
+                          P.INFO: ConfigRecord({P.INFO_LOSS: float(loss.detach())})})
+    return Message(content, reply_to=msg)
 
 
 @app.train("backward")
 def train_backward(msg: Message, context: Context) -> Message:
-    """Recompute the stored batch, apply the activation gradient, clip, step.
-
-    ``config["next"]`` is ``"forward"`` (piggyback the next batch's
-    activations), ``"weights"`` (return the client-side model and the
-    partition size) or ``"none"``.
-    """
+    """Recompute the slot's stored forward, apply the received gradient (see :class:`~fl_app.protocol.BackwardConfig`)."""
     node = _Node(context)
-    config = msg.content.config_records[P.CONFIG]
-    batch = node.state.config_records[BATCH_KEY]
-    cut = int(batch["cut"])
-    model = node.client_model(cut)
-    opt = make_sgd(model, **_optimizer_settings(config))
-    load_optimizer(model, opt, node.state.array_records.get(OPTIMIZER_KEY))
-    x, _ = load_batch(node.task, node.partition_id, batch["indices"], int(batch["step"]))
+    cfg = P.BackwardConfig.from_record(msg.content.config_records[P.CONFIG])
+    slot = node.slot(cfg.slot)
+    batch = slot.batch
+    start, end = int(batch["start"]), int(batch["end"])
+    model = slot.model(start, end)
+    x, _ = slot.stored_input()
     grad = P.record_tensor(msg.content.array_records[P.GRADIENT], "g")
+    x.requires_grad_(start > 0)
     model.train()
     acts = model(x)
     if acts.shape != grad.shape:
         raise ValueError(f"gradient shape {tuple(grad.shape)} != activation shape {tuple(acts.shape)}")
     acts.backward(grad)
-    clip_and_step(model, opt, float(config.get("clip-norm", 0.0)))
-    node.save_model(model)
-    node.state[OPTIMIZER_KEY] = optimizer_record(model, opt)
+    slot.apply_gradients(model, cfg)
 
-    nxt = str(config.get("next", P.NEXT_NONE))
-    if nxt == P.NEXT_FORWARD:
-        content = node.forward(model, int(config["batch-size"]), cut)
-    elif nxt == P.NEXT_WEIGHTS:
-        content = RecordDict({
-            P.WEIGHTS: P.state_record(model.state_dict()),
-            P.INFO: ConfigRecord({"num-examples": node.task.num_examples(node.partition_id)}),
-        })
-    else:
-        content = RecordDict({P.INFO: ConfigRecord({"ok": True})})
+    content = RecordDict(_input_gradient_record(x, start))
+    if cfg.next == P.NEXT_FORWARD:
+        for key, record in node.forward(slot, model, start, end, cfg.batch_size).items():
+            content[key] = record
+    elif cfg.next == P.NEXT_WEIGHTS:
+        for key, record in node.weights_reply(model).items():
+            content[key] = record
+    elif not content:
+        content[P.INFO] = ConfigRecord({"ok": True})
+    return Message(content, reply_to=msg)
+
+
+@app.train("step")
+def train_step(msg: Message, context: Context) -> Message:
+    """Apply a slot's accumulated gradient (see :class:`~fl_app.protocol.StepConfig`)."""
+    node = _Node(context)
+    cfg = P.StepConfig.from_record(msg.content.config_records[P.CONFIG])
+    slot = node.slot(cfg.slot)
+    batch = slot.batch
+    model = slot.model(int(batch["start"]), int(batch["end"]))
+    opt = slot.optimizer(model, cfg)
+    if load_gradients(model, slot.array("accum")):
+        slot.step(model, opt, cfg.clip_norm)
+    slot.drop("accum")
+    content = node.weights_reply(model) if cfg.return_weights else RecordDict({P.INFO: ConfigRecord({"ok": True})})
     return Message(content, reply_to=msg)
 
 
@@ -205,17 +338,15 @@ def train_backward(msg: Message, context: Context) -> Message:
 def train_fit(msg: Message, context: Context) -> Message:
     """Full-model local training for the FL baselines (FedAvg, FedBuff, CA2FL)."""
     node = _Node(context)
-    config = msg.content.config_records[P.CONFIG]
+    cfg = P.FitConfig.from_record(msg.content.config_records[P.CONFIG])
     model = node.task.build_model()
     model.load_state_dict(P.record_state(msg.content.array_records[P.WEIGHTS]))
     loss = local_fit(
         model, node.task, node.partition_id, node.config(SAMPLER_KEY),
-        iterations=int(config["local-iterations"]),
-        batch_size=int(config["batch-size"]),
-        clip_norm=float(config.get("clip-norm", 0.0)),
-        **_optimizer_settings(config),
+        iterations=cfg.local_iterations, batch_size=cfg.batch_size, clip_norm=cfg.clip_norm,
+        lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
     )
-    info = ConfigRecord({"num-examples": node.task.num_examples(node.partition_id), "train-loss": loss})
+    info = ConfigRecord({P.INFO_NUM_EXAMPLES: node.task.num_examples(node.partition_id), P.INFO_TRAIN_LOSS: loss})
     return Message(RecordDict({P.WEIGHTS: P.state_record(model.state_dict()), P.INFO: info}), reply_to=msg)
 
 
@@ -223,15 +354,14 @@ def train_fit(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate sent full-model weights on the test set or the local partition."""
     node = _Node(context)
-    config = msg.content.config_records.get(P.CONFIG, ConfigRecord())
+    cfg = P.EvaluateConfig.from_record(msg.content.config_records.get(P.CONFIG))
     model = node.task.build_model()
     model.load_state_dict(P.record_state(msg.content.array_records[P.WEIGHTS]))
-    if str(config.get("split", "test")) == "local":
+    if cfg.split == P.SPLIT_LOCAL:
         part = node.task.partitions[node.partition_id]
         batches = (node.task.data.train_batch(part[i:i + 1000]) for i in range(0, len(part), 1000))
     else:
         batches = node.task.data.test_batches()
     loss, acc, count = evaluate_model(model, batches)
-    info = ConfigRecord({"loss": loss, "accuracy": acc, "num-examples": count})
+    info = ConfigRecord({P.INFO_LOSS: loss, P.INFO_ACCURACY: acc, P.INFO_NUM_EXAMPLES: count})
     return Message(RecordDict({P.INFO: info}), reply_to=msg)
-

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fl_app.errors import ConfigError
@@ -69,7 +70,40 @@ DEFAULTS: dict[str, Any] = {
     "output-dir": "",
 }
 
-STRATEGY_KEYS_DOC = "see `sflower strategies` for the list"
+#: Keys every strategy reads. The other keys of :data:`DEFAULTS` are
+#: strategy options: each is declared, with its help line, by the strategy
+#: classes that use it (``options = (Option(...), ...)``; ``sflower
+#: strategies`` prints them), and a test keeps both tables equal.
+CORE_KEYS: tuple[str, ...] = (
+    "strategy", "dataset", "data-dir", "model", "cut-layer", "num-clients", "concurrency",
+    "partition", "alpha", "shards", "min-partition-size", "heterogeneity", "batch-parallel",
+    "downlink", "global-iterations", "local-iterations", "batch-size", "lr", "momentum",
+    "weight-decay", "clip-norm", "seed", "eval-every", "eval-samples", "target-accuracy",
+    "max-virtual-time", "clock", "node-timeout", "output-dir",
+)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A run-config key that a strategy declares next to its class.
+
+    Attributes:
+        key: the hyphenated key, e.g. ``"buffer-models"``.
+        default: its default; its type is the key's type. Must equal
+            ``DEFAULTS[key]`` (a test checks).
+        help: one line for ``sflower strategies``.
+        choices: the accepted values of a string option (empty: any).
+    """
+
+    key: str
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
+
+    @property
+    def type(self) -> type:
+        """The value type (``bool``, ``int``, ``float`` or ``str``)."""
+        return type(self.default)
 
 
 def _coerce(key: str, value: Any) -> Any:

@@ -1,4 +1,4 @@
-"""The client message protocol: action names, record keys and codecs.
+"""The client message protocol: actions, record keys, typed action configs, codecs.
 
 DESIGN.md section 4. Strategies compose a small, fixed set of actions; each
 is a Flower message type ``"<category>.<action>"`` routed by the ClientApp.
@@ -9,33 +9,51 @@ Record keys used in message content (a :class:`flwr.app.RecordDict`):
 key                kind        meaning
 =================  ==========  ==============================================
 ``task``           Config      the run configuration (handshake only)
-``config``         Config      per-message settings (batch size, lr, ...)
+``config``         Config      per-message settings: one of the typed
+                               ``*Config`` classes below
 ``weights``        Array       model weights (a torch ``state_dict``)
-``activations``    Array       one tensor ``"x"``: float32 ``[B, ...]``
+``activations``    Array       one tensor ``"x"``: float32 ``[B, ...]``; the
+                               input of a forward on a block range that does
+                               not start at 0, or the output of a forward
 ``labels``         Array       one tensor ``"y"``: int64 ``[B]``
 ``gradient``       Array       one tensor ``"g"``: float32, shape of the
-                               activations it answers
+                               activations it answers (a backward's input),
+                               or the gradient w.r.t. a range's input (reply)
 ``info``           Config      handshake reply / example counts / metrics
+                               (keys ``INFO_*``)
 =================  ==========  ==============================================
+
+Every training action names a **block range** ``[start, end)`` of the model
+and a **model slot** on the node (:data:`OWN_SLOT`, the node's own client-side
+model, or e.g. ``relay_slot(origin)`` for a segment it trains for another
+client). Config keys are never written as bare strings: each action has a
+frozen dataclass whose fields are the keys (``batch_size`` <-> ``"batch-size"``)
+with their types, encoded by :meth:`ActionConfig.to_record` and decoded by
+:meth:`ActionConfig.from_record`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord
 
 # --- actions (message types) -------------------------------------------------
 QUERY_INFO = "query.info"
 TRAIN_FORWARD = "train.forward"
 TRAIN_BACKWARD = "train.backward"
+TRAIN_STEP = "train.step"
 TRAIN_FIT = "train.fit"
 EVALUATE = "evaluate"
 
-ACTIONS = (QUERY_INFO, TRAIN_FORWARD, TRAIN_BACKWARD, TRAIN_FIT, EVALUATE)
+ACTIONS = (QUERY_INFO, TRAIN_FORWARD, TRAIN_BACKWARD, TRAIN_STEP, TRAIN_FIT, EVALUATE)
 
 # --- record keys ---------------------------------------------------------------
 TASK = "task"
@@ -46,10 +64,182 @@ LABELS = "labels"
 GRADIENT = "gradient"
 INFO = "info"
 
-# --- values of config["next"] in train.backward ----------------------------
+# --- keys of the "info" ConfigRecord in replies ----------------------------------
+INFO_PARTITION_ID = "partition-id"
+INFO_NUM_EXAMPLES = "num-examples"
+INFO_LABEL_HISTOGRAM = "label-histogram"
+INFO_LOSS = "loss"
+INFO_ACCURACY = "accuracy"
+INFO_TRAIN_LOSS = "train-loss"
+
+# --- values of BackwardConfig.next --------------------------------------------
 NEXT_FORWARD = "forward"  # piggyback the next forward pass
-NEXT_WEIGHTS = "weights"  # the local round is over: return the client-side model
+NEXT_WEIGHTS = "weights"  # the local round is over: return the slot's weights
 NEXT_NONE = "none"
+NEXT_VALUES = (NEXT_FORWARD, NEXT_WEIGHTS, NEXT_NONE)
+
+# --- values of EvaluateConfig.split --------------------------------------------
+SPLIT_TEST = "test"
+SPLIT_LOCAL = "local"
+
+#: The node's own client-side model.
+OWN_SLOT = "own"
+
+
+def relay_slot(origin: int) -> str:
+    """Name of the slot in which a node trains a segment for client ``origin`` (RingSFL)."""
+    return f"relay:{int(origin)}"
+
+
+C = TypeVar("C", bound="ActionConfig")
+
+
+def _key(field_name: str) -> str:
+    return field_name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class ActionConfig:
+    """Base of the typed per-action configs carried under :data:`CONFIG`.
+
+    Field ``batch_size`` travels as key ``"batch-size"``; values are encoded
+    with their declared types (``int``, ``float``, ``bool``, ``str``,
+    ``list[float]``).
+    """
+
+    action: ClassVar[str] = ""
+
+    def to_record(self) -> ConfigRecord:
+        """The ConfigRecord sent in the message."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[_key(f.name)] = list(value) if isinstance(value, tuple) else value
+        return ConfigRecord(out)
+
+    @classmethod
+    def from_record(cls: type[C], record: Mapping[str, Any] | None) -> C:
+        """Decode a record made by :meth:`to_record`; absent keys take their defaults.
+
+        Raises:
+            ValueError: a value cannot be converted to its field's type.
+        """
+        record = record or {}
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            key = _key(f.name)
+            if key not in record:
+                continue
+            kind, raw = hints[f.name], record[key]
+            if kind is bool:
+                values[f.name] = bool(raw)
+            elif kind in (int, float, str):
+                values[f.name] = kind(raw)
+            else:  # tuple[float, ...]
+                values[f.name] = tuple(float(v) for v in raw)
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig(ActionConfig):
+    """SGD settings of a training message (both sides use GAS's SGD by default).
+
+    Attributes:
+        lr: learning rate.
+        momentum: SGD momentum.
+        weight_decay: L2 weight decay.
+        clip_norm: gradient-norm clipping threshold (0 = none).
+        lr_scale: per-block learning-rate multipliers for the slot's blocks
+            ``[start, end)`` (empty = all 1). RingSFL v2 (eq. 7) multiplies an
+            overlapping block's rate by its overlap count.
+    """
+
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0
+    lr_scale: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class ForwardConfig(OptimizerConfig):
+    """``train.forward``: run blocks ``[start, end)`` of the model in ``slot``.
+
+    With ``start == 0`` the node samples ``batch_size`` examples of its own
+    data; otherwise the input arrives as :data:`ACTIVATIONS` (and the labels
+    as :data:`LABELS`) from the previous hop. Sent :data:`WEIGHTS` replace
+    the slot's weights and reset its optimizer and accumulator.
+
+    With ``loss`` the range ends the model: the node computes the mean
+    cross-entropy on the labels, back-propagates it at once (weighted by
+    ``weight``; accumulated or stepped as ``accumulate`` says) and replies
+    with the gradient w.r.t. the range's input (when ``start > 0``) and the
+    loss in :data:`INFO`. Otherwise it replies with the range's output
+    (:data:`ACTIVATIONS`) and the labels.
+    """
+
+    action: ClassVar[str] = TRAIN_FORWARD
+    slot: str = OWN_SLOT
+    start: int = 0
+    end: int = 1
+    batch_size: int = 0
+    loss: bool = False
+    accumulate: bool = False
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class BackwardConfig(OptimizerConfig):
+    """``train.backward``: back-propagate :data:`GRADIENT` through the slot's last forward.
+
+    The forward pass of the stored input is recomputed (live objects do not
+    survive between messages). The parameter gradient, times ``weight``, is
+    either added to the slot's accumulator (``accumulate``; applied later by
+    ``train.step``) or clipped and stepped at once. The reply holds the
+    gradient w.r.t. the range's input when the range does not start at 0,
+    plus, by ``next``: the next batch's activations (``batch_size``), the
+    slot's weights and example count, or nothing more.
+    """
+
+    action: ClassVar[str] = TRAIN_BACKWARD
+    slot: str = OWN_SLOT
+    next: str = NEXT_NONE
+    batch_size: int = 0
+    accumulate: bool = False
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class StepConfig(OptimizerConfig):
+    """``train.step``: apply the slot's accumulated gradient (clip, SGD step with ``lr_scale``), clear it.
+
+    With ``return_weights`` the reply holds the slot's new weights.
+    """
+
+    action: ClassVar[str] = TRAIN_STEP
+    slot: str = OWN_SLOT
+    return_weights: bool = False
+
+
+@dataclass(frozen=True)
+class FitConfig(OptimizerConfig):
+    """``train.fit``: ``local_iterations`` full-model SGD steps of ``batch_size`` (FL baselines)."""
+
+    action: ClassVar[str] = TRAIN_FIT
+    local_iterations: int = 1
+    batch_size: int = 32
+
+
+@dataclass(frozen=True)
+class EvaluateConfig(ActionConfig):
+    """``evaluate``: evaluate sent full-model weights on the test set or the local partition."""
+
+    action: ClassVar[str] = EVALUATE
+    split: str = SPLIT_TEST
+
+
+# --- codecs --------------------------------------------------------------------
 
 
 def tensor_record(name: str, tensor: torch.Tensor) -> ArrayRecord:

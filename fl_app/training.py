@@ -8,7 +8,7 @@ messages (DESIGN.md section 4).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -23,9 +23,59 @@ STREAM_SAMPLER = 7
 STREAM_AUGMENT = 11
 
 
-def make_sgd(model: nn.Module, lr: float, momentum: float, weight_decay: float) -> torch.optim.SGD:
-    """SGD over ``model``'s parameters (the GAS paper's optimiser)."""
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+def make_sgd(model: nn.Module, lr: float, momentum: float, weight_decay: float,
+             lr_scale: Sequence[float] = ()) -> torch.optim.SGD:
+    """SGD over ``model``'s parameters (the GAS paper's optimiser).
+
+    Args:
+        lr_scale: per-block learning-rate multipliers of a
+            :class:`~fl_app.models.BlockModel` (one per block, in order; empty:
+            one group at ``lr``). RingSFL v2 (eq. 7) scales an overlapping
+            block's rate by its overlap count.
+
+    Raises:
+        ValueError: ``lr_scale`` does not have one entry per block.
+    """
+    if not lr_scale:
+        return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    blocks = list(model.blocks.values())
+    if len(lr_scale) != len(blocks):
+        raise ValueError(f"lr-scale has {len(lr_scale)} entries for {len(blocks)} blocks")
+    groups = [{"params": list(b.parameters()), "lr": lr * float(s)} for b, s in zip(blocks, lr_scale)]
+    return torch.optim.SGD([g for g in groups if g["params"]], lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def accumulate_gradients(model: nn.Module, record: ArrayRecord | None, weight: float) -> ArrayRecord:
+    """``accum + weight · grad`` per parameter name (parameters without a gradient add 0).
+
+    Args:
+        record: the accumulator so far (:func:`accumulate_gradients`' output), or None.
+        weight: the weight of this gradient, e.g. RingSFL's ``a_i = D_i / ΣD``.
+
+    Returns:
+        the new accumulator, float32 tensors keyed like ``model.named_parameters()``.
+    """
+    acc = record_state(record) if record is not None else {}
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        g = p.grad.detach() * weight
+        acc[name] = acc[name] + g if name in acc else g
+    return state_record(acc)
+
+
+def load_gradients(model: nn.Module, record: ArrayRecord | None) -> bool:
+    """Set ``p.grad`` from an accumulator made by :func:`accumulate_gradients`.
+
+    Returns:
+        False when there is nothing accumulated (no step should be taken).
+    """
+    if record is None:
+        return False
+    acc = record_state(record)
+    for name, p in model.named_parameters():
+        p.grad = acc[name].clone() if name in acc else None
+    return bool(acc)
 
 
 def optimizer_record(model: nn.Module, opt: torch.optim.Optimizer) -> ArrayRecord:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
+from fl_app.config import Option
+
 State = Mapping[str, torch.Tensor]
+
+#: The option of every strategy that averages client models.
+AGGREGATION_OPTION = Option("aggregation", "data-size",
+                            "client-model averaging weights: |D_k| (eq. 10) or uniform (GAS reference code)",
+                            ("data-size", "uniform"))
 
 
 def weighted_average(states: Sequence[State], weights: Sequence[float]) -> dict[str, torch.Tensor]:
@@ -32,6 +39,24 @@ def weighted_average(states: Sequence[State], weights: Sequence[float]) -> dict[
             acc += state[key].to(torch.float64) * (float(w) / total)
         out[key] = acc.to(first.dtype)
     return out
+
+
+def average_uploads(uploads: Mapping[int, State] | Iterable[tuple[int, State]],
+                    weight: Callable[[int], float]) -> dict[str, torch.Tensor]:
+    """Weighted average of client uploads: ``Σ_k w(k)·state_k / Σ_k w(k)`` (GAS eq. 10).
+
+    Args:
+        uploads: ``pid -> state`` (averaged in ascending pid order) or
+            ``(pid, state)`` pairs (in the given order, e.g. a buffer's
+            arrival order; float sums depend on the order).
+        weight: the weight of a client, e.g. ``|D_k|``
+            (:meth:`~strategies.base.SFLStrategy.aggregation_weight`).
+
+    Raises:
+        ValueError: no uploads, or a non-positive total weight.
+    """
+    pairs = sorted(uploads.items()) if isinstance(uploads, Mapping) else list(uploads)
+    return weighted_average([s for _, s in pairs], [weight(p) for p, _ in pairs])
 
 
 def state_delta(new: State, old: State) -> dict[str, torch.Tensor]:

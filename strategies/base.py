@@ -6,8 +6,11 @@ DESIGN.md section 5. :class:`SFLStrategy` subclasses Flower's
 * node discovery and the ``query.info`` handshake (node id -> partition id,
   example counts, label histograms);
 * client selection (seeded);
-* the :class:`~strategies.dispatcher.Dispatcher` (one message in flight per
-  node, due times from the :class:`~strategies.clock.Timing`);
+* the :class:`~strategies.dispatcher.Dispatcher`: :class:`Request` objects
+  with tags, a FIFO queue per node (one message in flight per node), due
+  times from the :class:`~strategies.clock.Timing`, ``gather`` with
+  ``first``/``deadline``, ``cancel``, and :meth:`SFLStrategy.expected_duration`;
+* compute and transfer figures of any block range (:attr:`SFLStrategy.costs`);
 * evaluation of the global model, metric rows, progress, stop conditions;
 * error replies: the client's work is dropped, the client is excluded, and
   the run goes on.
@@ -16,7 +19,7 @@ Two loop shapes are provided:
 
 * :class:`SyncStrategy`: ``run_round(cohort)`` per global iteration; a
   round's virtual time is its slowest member's.
-* :class:`AsyncStrategy`: ``on_reply(pid, action, content)`` for each reply
+* :class:`AsyncStrategy`: ``on_reply(reply)`` for each reply
   in virtual completion-time order; the subclass calls
   :meth:`SFLStrategy.end_global_iteration` when a global iteration is done.
 """
@@ -27,7 +30,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -38,12 +41,13 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig
+from fl_app.config import Option, RunConfig
+from fl_app.costs import BlockCosts
 from fl_app.models import BlockModel
 from fl_app.task import Task
 from fl_app.training import evaluate_model
 from strategies.clock import Clock, Timing
-from strategies.dispatcher import Dispatcher
+from strategies.dispatcher import SCHEDULED, Dispatcher, Pending, Reply, Request
 
 log = logging.getLogger("sflower")
 
@@ -90,6 +94,8 @@ class SFLStrategy(Strategy):
 
     #: Registry name, e.g. ``"splitfed-v1"``.
     name: ClassVar[str] = ""
+    #: Run-config keys this class adds to the common ones (see :meth:`all_options`).
+    options: ClassVar[tuple[Option, ...]] = ()
 
     def __init__(self, cfg: RunConfig, task: Task, *, clock: Clock, timing: Timing,
                  recorder: Any = None, progress: bool = True) -> None:
@@ -110,9 +116,12 @@ class SFLStrategy(Strategy):
         self.best_accuracy = float("nan")
         self.status = "running"
         self._draws: dict[int, int] = defaultdict(int)
-        #: wall seconds spent pushing messages and in reply hooks (for benchmarks)
-        self.push_seconds = 0.0
-        self.hook_seconds = 0.0
+        #: wall seconds spent evaluating (excluded from ``server_compute_s``)
+        self.eval_seconds = 0.0
+        self.run_seconds = 0.0
+        #: replies to earlier requests that a later gather received (see :meth:`gather_replies`)
+        self.stray_replies: list[Reply] = []
+        self.costs = BlockCosts(task.profiles, cfg.batch_parallel)
         self._wall0 = time.monotonic()
         self._bar: Any = None
         self.dispatcher: Dispatcher | None = None
@@ -134,6 +143,15 @@ class SFLStrategy(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Unused: see :meth:`configure_evaluate`."""
         raise NotImplementedError("sflower strategies evaluate centrally")
+
+    @classmethod
+    def all_options(cls) -> list[Option]:
+        """The strategy's own run-config options and those of its base classes, base first."""
+        seen: dict[str, Option] = {}
+        for klass in reversed(cls.__mro__):
+            for opt in vars(klass).get("options", ()):
+                seen[opt.key] = opt
+        return list(seen.values())
 
     def summary(self) -> None:
         """Log the strategy and its main settings."""
@@ -166,7 +184,11 @@ class SFLStrategy(Strategy):
             self._open_progress()
             self.evaluate_and_record()
             if not self.should_stop():
-                self.run()
+                t0 = time.perf_counter()
+                try:
+                    self.run()
+                finally:
+                    self.run_seconds = time.perf_counter() - t0
             self.status = "completed"
         except DivergedError as err:
             self.status = f"diverged: {err}"
@@ -244,11 +266,11 @@ class SFLStrategy(Strategy):
             if reply.has_error():
                 raise RunFailedError(f"handshake failed on node {reply.metadata.src_node_id}: {reply.error.reason.strip().splitlines()[-1]}")
             info = reply.content.config_records[P.INFO]
-            pid = int(info["partition-id"])
+            pid = int(info[P.INFO_PARTITION_ID])
             if pid in self.clients:
                 raise RunFailedError(f"nodes {self.clients[pid].node_id} and {reply.metadata.src_node_id} both hold partition {pid}")
-            self.clients[pid] = ClientInfo(pid, reply.metadata.src_node_id, int(info["num-examples"]),
-                                           np.asarray(info["label-histogram"], dtype=np.int64))
+            self.clients[pid] = ClientInfo(pid, reply.metadata.src_node_id, int(info[P.INFO_NUM_EXAMPLES]),
+                                           np.asarray(info[P.INFO_LABEL_HISTOGRAM], dtype=np.int64))
         missing = sorted(set(range(need)) - set(self.clients))
         if missing:
             raise RunFailedError(f"no node holds partitions {missing}")
@@ -274,111 +296,166 @@ class SFLStrategy(Strategy):
         return 1.0 if self.cfg.aggregation == "uniform" else float(self.clients[pid].num_examples)
 
     # ------------------------------------------------------------------ messaging
-    def send(self, pid: int, action: str, content: RecordDict, *, flops: float, bits_up: float = 0.0) -> None:
+    def send(self, pid: int, request: Request) -> Pending:
         """Send work to a client; it is due after its device's compute + transfer time.
 
-        Args:
-            flops: the client's compute for this message (FLOPs).
-            bits_up: bits the client uploads in its reply (activations, weights).
-        Downlink bits are the message's own array payload.
+        The duration comes from the timing model: ``request.flops`` of
+        compute, ``request.bits_up`` of upload and ``request.bits_down`` (by
+        default the content's array payload) of download. Requests to a busy
+        client queue behind its earlier ones (one message in flight per node).
+
+        Returns:
+            the dispatcher's :class:`~strategies.dispatcher.Pending` entry.
         """
         assert self.dispatcher is not None
-        down = sum(P.record_bytes(r) for r in content.array_records.values())
-        self.bytes_down += down
+        down = sum(P.record_bytes(r) for r in request.content.array_records.values())
+        if request.metered:
+            self.bytes_down += down
+        bits_down = 8.0 * down if request.bits_down is None else request.bits_down
         draw = self._draws[pid]
         self._draws[pid] += 1
-        duration = self.timing.duration(pid, flops, bits_up, 8.0 * down, draw)
-        t0 = time.perf_counter()
-        self.dispatcher.send(pid, action, content, duration)
-        self.push_seconds += time.perf_counter() - t0
+        duration = self.timing.duration(pid, request.flops, request.bits_up, bits_down, draw)
+        return self.dispatcher.send(pid, request, duration)
 
-    def send_request(self, pid: int, request: tuple[str, RecordDict, float, float]) -> None:
-        """Send an ``(action, content, flops, bits_up)`` request (see :meth:`send`)."""
-        action, content, flops, bits_up = request
-        self.send(pid, action, content, flops=flops, bits_up=bits_up)
+    def expected_duration(self, pid: int, request: Request) -> float:
+        """Seconds the timing model expects ``request`` to take on client ``pid``.
 
-    def receive(self) -> tuple[int, str, RecordDict | None]:
-        """The next reply in clock order: ``(partition_id, action, content)``.
+        For schedules that adapt to device speed (S²FL's per-client cut,
+        RingSFL's propagation lengths). Random straggler delays are replaced by
+        their mean; nothing is sent and no random draw is consumed.
+        """
+        down = sum(P.record_bytes(r) for r in request.content.array_records.values())
+        bits_down = 8.0 * down if request.bits_down is None else request.bits_down
+        return self.timing.duration(pid, request.flops, request.bits_up, bits_down, None)
 
-        ``content`` is ``None`` when the client failed (error reply or
-        timeout); the client is then excluded and :meth:`on_failure` called.
+    def receive(self, until: float | None = None) -> Reply | None:
+        """The next reply in clock order (see :meth:`Dispatcher.next_reply`).
+
+        A failed client (error reply or timeout) gives a :class:`Reply` with
+        ``content=None``; the client is then excluded, its other requests
+        are cancelled, and :meth:`on_failure` is called.
+
+        Args:
+            until: return None instead of a reply due after this clock time.
         """
         assert self.dispatcher is not None
-        pending, reply = self.dispatcher.next_reply()
+        got = self.dispatcher.next_reply(until)
+        if got is None:
+            return None
+        pending, reply = got
         pid = pending.partition_id
         if reply is None or reply.has_error():
             reason = "timed out" if reply is None else reply.error.reason.strip().splitlines()[-1]
             log.warning("client %d failed on %s (%s); excluded from the run", pid, pending.action, reason)
             self.failed.add(pid)
+            self.dispatcher.cancel(pid)
             self.on_failure(pid, pending.action, reason)
             if not self.live_clients():
                 raise RunFailedError("every client has failed")
-            return pid, pending.action, None
-        self.bytes_up += sum(P.record_bytes(r) for r in reply.content.array_records.values())
-        return pid, pending.action, reply.content
+            return Reply(pid, pending.request, None, pending.due, pending.seq)
+        if pending.request.metered:
+            self.bytes_up += sum(P.record_bytes(r) for r in reply.content.array_records.values())
+        return Reply(pid, pending.request, reply.content, pending.due, pending.seq)
 
-    def gather(self, requests: dict[int, tuple[str, RecordDict, float, float]]) -> dict[int, RecordDict]:
-        """Send one message per client and wait for all (a synchronous step).
+    def gather_replies(self, requests: Iterable[tuple[int, Request]], *, first: int | None = None,
+                       deadline: float | None = None, rest: str = "keep") -> list[Reply]:
+        """Send requests and wait for their replies, in clock order.
+
+        Several requests may go to one client: they queue (see :meth:`send`).
 
         Args:
-            requests: ``pid -> (action, content, flops, bits_up)``.
+            requests: ``(pid, request)`` pairs, sent in this order.
+            first: return once this many have succeeded (the first ``first``
+                in virtual completion order).
+            deadline: a clock time (s): stop waiting for replies due after it;
+                the clock then moves to the deadline (a straggler cut-off).
+            rest: what happens to requests still scheduled on return:
+                ``"keep"`` (their replies come later, through :meth:`receive`
+                or as :attr:`stray_replies` of a later gather) or ``"cancel"``.
+
+        Returns:
+            the successful replies, in the order they were handled. Replies to
+            earlier requests that arrive meanwhile go to :attr:`stray_replies`.
+
+        Raises:
+            ValueError: ``rest`` is neither ``"keep"`` nor ``"cancel"``.
+        """
+        if rest not in ("keep", "cancel"):
+            raise ValueError(f"rest must be 'keep' or 'cancel', got {rest!r}")
+        assert self.dispatcher is not None
+        mine = [self.send(pid, req) for pid, req in requests]
+        seqs = {p.seq for p in mine}
+        out: list[Reply] = []
+        while any(p.state == SCHEDULED for p in mine) and (first is None or len(out) < first):
+            reply = self.receive(until=deadline)
+            if reply is None:
+                self.clock.advance_to(deadline)
+                break
+            if reply.seq not in seqs:
+                self.stray_replies.append(reply)
+            elif reply.ok:
+                out.append(reply)
+        if rest == "cancel":
+            for pending in mine:
+                self.dispatcher.cancel_pending(pending)
+        return out
+
+    def gather(self, requests: Mapping[int, Request], **kwargs: Any) -> dict[int, RecordDict]:
+        """One request per client, then wait (a synchronous step); see :meth:`gather_replies`.
 
         Returns:
             ``pid -> reply content`` for the clients that succeeded. The clock
-            ends at the latest due time among them.
+            ends at the latest due time among those waited for.
         """
-        for pid, request in requests.items():
-            self.send_request(pid, request)
-        out: dict[int, RecordDict] = {}
-        for _ in requests:
-            pid, _, content = self.receive()
-            if content is not None:
-                out[pid] = content
-        return out
+        return {r.pid: r.content for r in self.gather_replies(requests.items(), **kwargs)}
 
-    # ------------------------------------------------------------------ figures
-    def client_flops(self, cut: int, batch: int, *, forward: bool = True, backward: bool = False) -> float:
-        """FLOPs of the client-side model (blocks ``[0, cut)``) on a batch.
-
-        The first block's backward excludes the input gradient, which real
-        training never computes. With ``batch-parallel`` (GAS reference-code
-        accounting) a batch costs one sample's FLOPs.
-        """
-        if self.cfg.batch_parallel:
-            batch = 1
-        prof = self.task.profiles[:cut]
-        total = 0.0
-        if forward:
-            total += sum(b.forward_flops for b in prof)
-        if backward:
-            total += sum(b.backward_flops for b in prof) - prof[0].forward_flops
-        return total * batch
-
-    def activation_bits(self, cut: int, batch: int) -> float:
-        """Bits of one activation batch (float32) plus its int64 labels."""
-        return batch * (32.0 * math.prod(self.task.profiles[cut - 1].output_shape) + 64.0)
-
-    def model_bits(self, start: int, end: int) -> float:
-        """Bits of the parameters of blocks ``[start, end)``."""
-        return 8.0 * sum(b.param_bytes for b in self.task.profiles[start:end])
+    def cancel(self, pid: int) -> int:
+        """Cancel every scheduled request of client ``pid``; returns how many."""
+        assert self.dispatcher is not None
+        return len(self.dispatcher.cancel(pid))
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate_global(self, full: bool = True) -> tuple[float, float]:
-        """Test loss and accuracy of :meth:`global_model`.
+    def evaluation_models(self) -> Mapping[Any, BlockModel] | None:
+        """Per-client full models to evaluate instead of :meth:`global_model`.
+
+        Strategies that keep a client-side model per client (the PSL family)
+        return ``{pid: client_k ∘ server}``; the default None evaluates the
+        one global model.
+        """
+        return None
+
+    def evaluate_global(self, full: bool = True) -> tuple[float, float, dict[str, float]]:
+        """Test loss and accuracy of :meth:`global_model`, or of :meth:`evaluation_models`.
 
         With ``full=False`` and ``eval-samples`` > 0, only the first
         ``eval-samples`` test images are used (a cheaper intermediate estimate).
+
+        Returns:
+            ``(loss, accuracy, extra columns)``. With per-client models, loss
+            and accuracy are the means over clients, and the extra columns
+            hold ``client_accuracy_mean/min/max``.
         """
         limit = 0 if full else self.cfg.eval_samples
-        batches = self.task.data.test_batches()
-        if limit:
-            batches = _take(batches, limit)
-        loss, acc, _ = evaluate_model(self.global_model(), batches)
-        return loss, acc
+
+        def evaluate(model: BlockModel) -> tuple[float, float]:
+            batches = self.task.data.test_batches()
+            loss, acc, _ = evaluate_model(model, _take(batches, limit) if limit else batches)
+            return loss, acc
+
+        models = self.evaluation_models()
+        if models is None:
+            return (*evaluate(self.global_model()), {})
+        results = np.array([evaluate(m) for m in models.values()], dtype=np.float64)
+        accs = results[:, 1]
+        extra = {"client_accuracy_mean": float(accs.mean()), "client_accuracy_min": float(accs.min()),
+                 "client_accuracy_max": float(accs.max())}
+        return float(results[:, 0].mean()), float(accs.mean()), extra
 
     def evaluate_and_record(self, final: bool = False) -> dict[str, Any]:
         """Evaluate (on the full test set when ``final``), append a metric row, update progress."""
-        loss, acc = self.evaluate_global(full=final)
+        t0 = time.perf_counter()
+        loss, acc, per_client = self.evaluate_global(full=final)
+        self.eval_seconds += time.perf_counter() - t0
         row = {
             "global_iteration": self.global_iteration,
             "server_updates": self.server_updates,
@@ -389,6 +466,7 @@ class SFLStrategy(Strategy):
             "bytes_up": self.bytes_up,
             "bytes_down": self.bytes_down,
             "exchanges": self.dispatcher.exchanges if self.dispatcher else 0,
+            **per_client,
             **self.extra_metrics(),
         }
         self.rows.append(row)
@@ -446,8 +524,13 @@ class SFLStrategy(Strategy):
             "bytes_down": self.bytes_down,
             "exchanges": self.dispatcher.exchanges if self.dispatcher else 0,
             "failed_clients": sorted(self.failed),
-            "server_compute_s": max(0.0, self.hook_seconds - self.push_seconds),
+            "server_compute_s": self.server_compute_seconds(),
         }
+
+    def server_compute_seconds(self) -> float:
+        """Wall seconds of the strategy's loop outside the dispatcher and evaluation: server-side compute."""
+        waited = self.dispatcher.seconds if self.dispatcher else 0.0
+        return max(0.0, self.run_seconds - waited - self.eval_seconds)
 
     # ------------------------------------------------------------------ progress
     def _open_progress(self) -> None:
@@ -505,13 +588,11 @@ class AsyncStrategy(SFLStrategy):
         while not self.should_stop():
             if self.dispatcher.in_flight == 0:
                 raise RunFailedError("no client is training and none can be started")
-            pid, action, content = self.receive()
-            if content is None:
+            reply = self.receive()
+            if reply is None or not reply.ok:
                 self.refill()
                 continue
-            t0 = time.perf_counter()
-            self.on_reply(pid, action, content)
-            self.hook_seconds += time.perf_counter() - t0
+            self.on_reply(reply)
 
     def idle_clients(self) -> list[int]:
         """Live clients with no message in flight."""
@@ -532,6 +613,6 @@ class AsyncStrategy(SFLStrategy):
         """Start a client's local work."""
         raise NotImplementedError
 
-    def on_reply(self, pid: int, action: str, content: RecordDict) -> None:
-        """Handle one reply (in virtual completion-time order)."""
+    def on_reply(self, reply: Reply) -> None:
+        """Handle one successful reply (in virtual completion-time order)."""
         raise NotImplementedError

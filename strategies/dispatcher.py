@@ -1,11 +1,23 @@
-"""The dispatcher: push, pull, one message in flight per node, due times.
+"""The dispatcher: requests, a FIFO queue per node, due times, tagged replies.
 
-DESIGN.md section 5. Every message gets a due time when it is sent
-(``clock.now() + duration``). With an ordered (virtual) clock,
-:meth:`Dispatcher.next_reply` returns the reply of the earliest-due message,
-ties broken by send order, and moves the clock to its due time; replies
-that arrive earlier in real time wait in a buffer. With the wall clock,
-replies are returned in arrival order.
+DESIGN.md section 5. A strategy sends :class:`Request` objects; the
+dispatcher gives each one a **due time** when it is sent: the node starts
+it when its previous request is due (requests to one node run one after
+the other, in order) and needs ``duration`` seconds for it. Several
+requests may be queued for one node; they are delivered **one at a time**
+(Flower runs concurrent messages to one node in parallel and loses state),
+each as soon as the node's previous reply has arrived.
+
+With an ordered (virtual) clock, :meth:`Dispatcher.next_reply` returns the
+reply of the earliest-due request, ties broken by send order, and moves the
+clock to its due time; replies that arrive earlier in real time wait in a
+buffer. So a run is reproducible from its seed whatever the real
+scheduling. With the wall clock, replies are returned in arrival order.
+
+A cancelled request never produces a reply. If it was already delivered, the
+node finishes it (its state may reflect the work) and the reply is dropped on
+arrival; until then nothing else is delivered to that node, but in virtual
+time the node is free at once.
 
 It polls ``grid.pull_messages`` (``send_and_receive`` sleeps for seconds).
 """
@@ -15,7 +27,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
@@ -23,43 +37,110 @@ from flwr.serverapp import Grid
 from strategies.clock import Clock
 
 
-class NodeTimeoutError(RuntimeError):
-    """A reply did not arrive within the node timeout (wall seconds)."""
+@dataclass
+class Request:
+    """A piece of work for one node.
+
+    Attributes:
+        action: the message type, e.g. ``"train.forward"``.
+        content: the message content.
+        flops: the node's compute for it (FLOPs).
+        bits_up: bits the node uploads in its reply.
+        bits_down: bits it downloads; ``None``: the content's array payload.
+        tag: anything the strategy wants back with the reply (e.g. the
+            origin client and the hop of a relayed batch).
+        metered: count its payload in ``bytes_up``/``bytes_down`` (False for
+            evaluation-only traffic that the algorithm itself would not send).
+    """
+
+    action: str
+    content: RecordDict
+    flops: float = 0.0
+    bits_up: float = 0.0
+    bits_down: float | None = None
+    tag: Any = None
+    metered: bool = True
+
+
+SCHEDULED, DONE, CANCELLED = "scheduled", "done", "cancelled"
+
+
+@dataclass
+class Reply:
+    """A node's answer to a :class:`Request`.
+
+    Attributes:
+        pid: the client (partition id).
+        request: the request it answers (its ``tag`` comes back here).
+        content: the reply content; ``None`` when the client failed.
+        due: the clock time (s) at which it was handled.
+        seq: the request's send order.
+    """
+
+    pid: int
+    request: Request
+    content: RecordDict | None
+    due: float
+    seq: int
+
+    @property
+    def tag(self) -> Any:
+        """The strategy's tag of the request."""
+        return self.request.tag
+
+    @property
+    def action(self) -> str:
+        """The request's message type."""
+        return self.request.action
+
+    @property
+    def ok(self) -> bool:
+        """False when the client failed (error reply or timeout)."""
+        return self.content is not None
 
 
 @dataclass(order=True)
 class Pending:
-    """One message in flight.
+    """One request that was sent and not yet answered.
 
     Attributes:
         due: virtual due time (s); ordering key.
         seq: send order; breaks ties.
-        message_id: Flower message id.
         partition_id: the client it went to.
-        action: its message type, e.g. ``"train.forward"``.
-        sent_at: clock time (s) when it was sent.
-        wall_sent: ``time.monotonic()`` when it was sent (for timeouts).
+        request: the request.
+        sent_at: clock time (s) when the strategy sent it.
+        start: clock time (s) when the node starts it (after its earlier requests).
+        message_id: Flower message id once delivered (None while queued).
+        wall_sent: ``time.monotonic()`` at delivery (for timeouts).
+        state: ``"scheduled"``, ``"done"`` or ``"cancelled"``.
     """
 
     due: float
     seq: int
-    message_id: str = field(compare=False)
     partition_id: int = field(compare=False)
-    action: str = field(compare=False)
-    sent_at: float = field(compare=False)
-    wall_sent: float = field(compare=False)
+    request: Request = field(compare=False)
+    sent_at: float = field(compare=False, default=0.0)
+    start: float = field(compare=False, default=0.0)
+    message_id: str | None = field(compare=False, default=None)
+    wall_sent: float = field(compare=False, default=0.0)
+    state: str = field(compare=False, default=SCHEDULED)
+
+    @property
+    def action(self) -> str:
+        """The request's message type."""
+        return self.request.action
 
 
 class Dispatcher:
-    """Sends messages to partitions and hands back replies in clock order.
+    """Sends requests to partitions and hands back replies in clock order.
 
     Args:
         grid: the Flower grid.
         clock: time source; ``clock.ordered`` selects due-time order.
         node_of: partition id -> Flower node id (from the handshake).
         poll_interval: seconds between empty pulls.
-        timeout: wall seconds a node may take before its message counts as
-            failed (the reply is reported as an error).
+        timeout: wall seconds a delivered message may take before it counts
+            as failed (reported as a ``None`` reply).
     """
 
     def __init__(self, grid: Grid, clock: Clock, node_of: dict[int, int],
@@ -71,83 +152,160 @@ class Dispatcher:
         self.timeout = timeout
         self._seq = itertools.count()
         self._heap: list[Pending] = []
-        self._by_partition: dict[int, Pending] = {}
-        self._arrived: dict[str, Message] = {}
-        self._arrival_order: list[str] = []
+        self._live: dict[int, list[Pending]] = defaultdict(list)
+        self._outbox: dict[int, deque[Pending]] = defaultdict(deque)
+        self._wire: dict[int, Pending] = {}
+        self._arrived: dict[int, Message] = {}
+        self._arrival_order: list[Pending] = []
         self.exchanges = 0
+        #: wall seconds spent pushing and waiting (client compute included in-process)
+        self.seconds = 0.0
 
+    # ------------------------------------------------------------------ state
     def busy(self, partition_id: int) -> bool:
-        """Whether a message to this partition is in flight."""
-        return partition_id in self._by_partition
+        """Whether requests to this partition are scheduled (delivered or queued)."""
+        return bool(self._live[partition_id])
 
     @property
     def in_flight(self) -> int:
-        """Number of messages in flight."""
-        return len(self._by_partition)
+        """Number of partitions with scheduled requests."""
+        return sum(1 for v in self._live.values() if v)
 
-    def send(self, partition_id: int, action: str, content: RecordDict, duration: float) -> Pending:
-        """Push one message; it will be due at ``clock.now() + duration``.
+    @property
+    def outstanding(self) -> int:
+        """Number of scheduled requests, over all partitions."""
+        return len(self._heap)
+
+    def free_at(self, partition_id: int) -> float:
+        """Clock time at which the partition finishes its scheduled requests (now if idle)."""
+        live = self._live[partition_id]
+        return max(self.clock.now(), live[-1].due) if live else self.clock.now()
+
+    # ------------------------------------------------------------------ sending
+    def send(self, partition_id: int, request: Request, duration: float) -> Pending:
+        """Schedule a request: due ``duration`` seconds after the node's earlier requests.
+
+        It is delivered at once if the node has nothing in flight, else when
+        the node's previous reply arrives.
 
         Raises:
-            RuntimeError: a message to this partition is already in flight
-                (Flower would run both concurrently and lose state).
+            KeyError: unknown partition.
         """
-        if partition_id in self._by_partition:
-            raise RuntimeError(f"partition {partition_id} already has a message in flight")
-        msg = Message(content, self.node_of[partition_id], action)
-        (msg_id,) = list(self.grid.push_messages([msg]))
+        if partition_id not in self.node_of:
+            raise KeyError(f"unknown partition {partition_id}")
         now = self.clock.now()
-        pending = Pending(now + max(0.0, duration), next(self._seq), msg_id, partition_id,
-                          action, now, time.monotonic())
+        start = self.free_at(partition_id)
+        pending = Pending(start + max(0.0, duration), next(self._seq), partition_id, request, now, start)
         heapq.heappush(self._heap, pending)
-        self._by_partition[partition_id] = pending
+        self._live[partition_id].append(pending)
+        self._outbox[partition_id].append(pending)
+        t0 = time.perf_counter()
+        self._deliver(partition_id)
+        self.seconds += time.perf_counter() - t0
         return pending
 
+    def _deliver(self, partition_id: int) -> None:
+        """Push the node's next queued request if nothing is on the wire to it."""
+        if partition_id in self._wire or not self._outbox[partition_id]:
+            return
+        pending = self._outbox[partition_id].popleft()
+        msg = Message(pending.request.content, self.node_of[partition_id], pending.request.action)
+        (pending.message_id,) = list(self.grid.push_messages([msg]))
+        pending.wall_sent = time.monotonic()
+        self._wire[partition_id] = pending
+
+    def cancel(self, partition_id: int) -> list[Pending]:
+        """Cancel every scheduled request of a partition; returns them.
+
+        Queued ones are dropped; a delivered one's reply is dropped on
+        arrival. The node is free at once in virtual time.
+        """
+        cancelled = list(self._live[partition_id])
+        for pending in cancelled:
+            self.cancel_pending(pending)
+        return cancelled
+
+    def cancel_pending(self, pending: Pending) -> None:
+        """Cancel one scheduled request (no-op if it is done or cancelled)."""
+        if pending.state != SCHEDULED:
+            return
+        pending.state = CANCELLED
+        self._heap.remove(pending)
+        heapq.heapify(self._heap)
+        self._live[pending.partition_id].remove(pending)
+        if pending in self._outbox[pending.partition_id]:
+            self._outbox[pending.partition_id].remove(pending)
+        self._arrived.pop(pending.seq, None)
+        if pending in self._arrival_order:
+            self._arrival_order.remove(pending)
+
+    # ------------------------------------------------------------------ receiving
     def _pull(self) -> None:
-        waiting = [p.message_id for p in self._by_partition.values() if p.message_id not in self._arrived]
+        waiting = {p.message_id: p for p in self._wire.values()}
         if not waiting:
             return
-        for reply in self.grid.pull_messages(waiting):
-            mid = reply.metadata.reply_to_message_id
-            self._arrived[mid] = reply
-            self._arrival_order.append(mid)
+        for reply in self.grid.pull_messages(list(waiting)):
+            pending = waiting[reply.metadata.reply_to_message_id]
+            del self._wire[pending.partition_id]
+            if pending.state == SCHEDULED:
+                self._arrived[pending.seq] = reply
+                self._arrival_order.append(pending)
+            self._deliver(pending.partition_id)
 
     def _pop(self, pending: Pending) -> tuple[Pending, Message | None]:
         self._heap.remove(pending)
         heapq.heapify(self._heap)
-        del self._by_partition[pending.partition_id]
-        reply = self._arrived.pop(pending.message_id, None)
-        if pending.message_id in self._arrival_order:
-            self._arrival_order.remove(pending.message_id)
+        self._live[pending.partition_id].remove(pending)
+        pending.state = DONE
+        reply = self._arrived.pop(pending.seq, None)
+        if pending in self._arrival_order:
+            self._arrival_order.remove(pending)
         self.clock.advance_to(pending.due)
         self.exchanges += 1
         return pending, reply
 
-    def next_reply(self) -> tuple[Pending, Message | None]:
+    def _timed_out(self) -> Pending | None:
+        """The first scheduled request of a node whose delivered message exceeded the timeout."""
+        now = time.monotonic()
+        for pid, wired in self._wire.items():
+            if now - wired.wall_sent > self.timeout and self._live[pid]:
+                return self._live[pid][0]
+        return None
+
+    def next_reply(self, until: float | None = None) -> tuple[Pending, Message | None] | None:
         """Wait for the next reply to handle.
+
+        Args:
+            until: a clock time (s). With the virtual clock, return None when
+                the earliest-due request is due after it; with the wall
+                clock, when the clock passes it with no reply.
 
         Returns:
             ``(pending, reply)``; ``reply`` is ``None`` when the node timed
             out. Check ``reply.has_error()`` for a node's error reply.
 
         Raises:
-            RuntimeError: nothing is in flight.
+            RuntimeError: nothing is scheduled.
         """
         if not self._heap:
-            raise RuntimeError("next_reply() with no message in flight")
-        while True:
-            self._pull()
-            if self.clock.ordered:
-                head = self._heap[0]
-                if head.message_id in self._arrived:
-                    return self._pop(head)
-                oldest = head
-            else:
-                if self._arrival_order:
-                    mid = self._arrival_order[0]
-                    pending = next(p for p in self._heap if p.message_id == mid)
-                    return self._pop(pending)
-                oldest = min(self._heap, key=lambda p: p.wall_sent)
-            if time.monotonic() - oldest.wall_sent > self.timeout:
-                return self._pop(oldest)
-            time.sleep(self.poll_interval)
+            raise RuntimeError("next_reply() with no request scheduled")
+        t0 = time.perf_counter()
+        try:
+            while True:
+                self._pull()
+                if self.clock.ordered:
+                    head = self._heap[0]
+                    if until is not None and head.due > until:
+                        return None
+                    if head.seq in self._arrived:
+                        return self._pop(head)
+                elif self._arrival_order:
+                    return self._pop(self._arrival_order[0])
+                elif until is not None and self.clock.now() >= until:
+                    return None
+                late = self._timed_out()
+                if late is not None:
+                    return self._pop(late)
+                time.sleep(self.poll_interval)
+        finally:
+            self.seconds += time.perf_counter() - t0

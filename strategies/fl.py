@@ -9,14 +9,22 @@ pure functions of :mod:`strategies.aggregation`.
 from __future__ import annotations
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 from fl_app import protocol as P
 from fl_app.models import BlockModel
-from strategies.aggregation import ca2fl_step, fedbuff_step, staleness_weight, state_delta, weighted_average
+from fl_app.config import Option
+from strategies.aggregation import (
+    AGGREGATION_OPTION,
+    average_uploads,
+    ca2fl_step,
+    fedbuff_step,
+    staleness_weight,
+    state_delta,
+)
 from strategies.base import AsyncStrategy, SFLStrategy, SyncStrategy
+from strategies.dispatcher import Reply, Request
 from strategies.registry import register
-from strategies.split import Request
 
 
 class FullModelMixin(SFLStrategy):
@@ -37,12 +45,12 @@ class FullModelMixin(SFLStrategy):
         """``train.fit``: E local iterations from ``weights`` (encoded once by the caller);
         timed as E·B forward+backward passes."""
         c = self.cfg
-        n = len(self.task.profiles)
-        flops = c.local_iterations * (self.client_flops(n, c.batch_size, forward=True, backward=True))
-        config = ConfigRecord({"local-iterations": c.local_iterations, "batch-size": c.batch_size, "lr": c.lr,
-                               "momentum": c.momentum, "weight-decay": c.weight_decay, "clip-norm": c.clip_norm})
-        content = RecordDict({P.WEIGHTS: weights, P.CONFIG: config})
-        return (P.TRAIN_FIT, content, flops, self.model_bits(0, n))
+        n = self.costs.num_blocks
+        flops = c.local_iterations * (self.costs.flops(0, n, c.batch_size, forward=True, backward=True))
+        config = P.FitConfig(local_iterations=c.local_iterations, batch_size=c.batch_size, lr=c.lr,
+                             momentum=c.momentum, weight_decay=c.weight_decay, clip_norm=c.clip_norm)
+        content = RecordDict({P.WEIGHTS: weights, P.CONFIG: config.to_record()})
+        return Request(P.TRAIN_FIT, content, flops, self.costs.param_bits(0, n))
 
 
 @register
@@ -50,15 +58,15 @@ class FedAvg(FullModelMixin, SyncStrategy):
     """FedAvg (McMahan et al. 2017): C clients per round, average weighted by ``|D_k|``."""
 
     name = "fedavg"
+    options = (AGGREGATION_OPTION,)
 
     def run_round(self, cohort: list[int]) -> None:
         """Local training on the cohort, then the weighted average."""
         start = P.state_record(self.model.state_dict())
         replies = self.gather({pid: self.fit_request(start) for pid in cohort})
         if replies:
-            pids = sorted(replies)
-            states = [P.record_state(replies[p].array_records[P.WEIGHTS]) for p in pids]
-            self.model.load_state_dict(weighted_average(states, [self.aggregation_weight(p) for p in pids]))
+            states = {p: P.record_state(c.array_records[P.WEIGHTS]) for p, c in replies.items()}
+            self.model.load_state_dict(average_uploads(states, self.aggregation_weight))
         self.server_updates += 1
 
 
@@ -68,6 +76,11 @@ class BufferedFL(FullModelMixin, AsyncStrategy):
     Hook: :meth:`apply_buffer` turns the buffered ``(pid, Δ, staleness)``
     into the new global state.
     """
+
+    options = (
+        Option("server-lr", 1.0, "global learning rate η_g"),
+        Option("fl-buffer", 0, "buffer size K (0 = concurrency)"),
+    )
 
     def initialize(self) -> None:
         """Version counter, buffer, snapshots of the models clients started from."""
@@ -85,12 +98,13 @@ class BufferedFL(FullModelMixin, AsyncStrategy):
             state = {k: v.clone() for k, v in self.model.state_dict().items()}
             self.snapshots[self.version] = (state, P.state_record(state))
         self.started[pid] = self.version
-        self.send_request(pid, self.fit_request(self.snapshots[self.version][1]))
+        self.send(pid, self.fit_request(self.snapshots[self.version][1]))
 
-    def on_reply(self, pid: int, action: str, content: RecordDict) -> None:
+    def on_reply(self, reply: Reply) -> None:
         """Buffer ``Δ_k = w_k − w_start``; flush K updates into the global model."""
+        pid = reply.pid
         v0 = self.started.pop(pid)
-        new = P.record_state(content.array_records[P.WEIGHTS])
+        new = P.record_state(reply.content.array_records[P.WEIGHTS])
         self.buffer.append((pid, state_delta(new, self.snapshots[v0][0]), self.version - v0))
         self._forget_snapshots()
         if len(self.buffer) >= self.k:
@@ -122,6 +136,7 @@ class FedBuff(BufferedFL):
     """FedBuff (Nguyen et al. 2022): ``w ← w + η_g · mean_k s(τ_k) Δ_k`` over K buffered updates."""
 
     name = "fedbuff"
+    options = (Option("staleness", "none", "staleness weight s(τ)", ("none", "polynomial")),)
 
     def apply_buffer(self, state, buffer):
         """FedBuff's server step (``server-lr`` = η_g, ``staleness`` = s)."""

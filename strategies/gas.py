@@ -26,13 +26,14 @@ import math
 
 import numpy as np
 import torch
-from flwr.app import RecordDict
 from torch import nn
 
 from fl_app import protocol as P
 from fl_app.task import seeded_generator
-from strategies.aggregation import weighted_average
+from fl_app.config import Option
+from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.base import AsyncStrategy
+from strategies.dispatcher import Reply
 from strategies.generation import LabelGaussians
 from strategies.registry import register
 from strategies.split import SplitMixin, server_step
@@ -77,6 +78,16 @@ class GAS(SplitMixin, AsyncStrategy):
     """GAS (AAAI 2025): asynchronous SFL with activation and model buffers and generated activations."""
 
     name = "gas"
+    options = (
+        Option("generate", True, "generated activations on/off (off: the plain async SFL framework)"),
+        Option("covariance", "full", "per-label Gaussians: full or diagonal covariance", ("full", "diagonal")),
+        Option("buffer-activations", 0, "activation buffer Q_s, in batches (0 = concurrency)"),
+        Option("buffer-models", 0, "model buffer Q_c (0 = concurrency)"),
+        Option("weighting", "linear", "progress weight s(n) of eqs. 11-12", ("linear", "exponential", "polynomial")),
+        Option("logit-adjust", True, "eq. 6 logit-adjusted loss for G_k"),
+        Option("dissimilarity-every", 0, "record Fig. 2's gradient dissimilarity every N server updates (0 = off)"),
+        AGGREGATION_OPTION,
+    )
 
     def initialize(self) -> None:
         """Server model, optimiser, buffers, per-label Gaussians."""
@@ -108,14 +119,14 @@ class GAS(SplitMixin, AsyncStrategy):
     def launch(self, pid: int) -> None:
         """Start a local round of E iterations from the current client-side model."""
         self.progress_of[pid] = 0
-        self.send_request(pid, self.forward_request(self.cfg.batch_size, P.state_record(self.client_model.state_dict())))
+        self.send(pid, self.forward_request(self.cfg.batch_size, P.state_record(self.client_model.state_dict())))
 
-    def on_reply(self, pid: int, action: str, content: RecordDict) -> None:
+    def on_reply(self, reply: Reply) -> None:
         """Activations: answer with G_k and buffer them. Weights: model buffer."""
-        if P.ACTIVATIONS in content.array_records:
-            self.on_activations(pid, *self.activations_of(content))
-        elif P.WEIGHTS in content.array_records:
-            self.on_upload(pid, *self.weights_of(content))
+        if P.ACTIVATIONS in reply.content.array_records:
+            self.on_activations(reply.pid, *self.activations_of(reply.content))
+        elif P.WEIGHTS in reply.content.array_records:
+            self.on_upload(reply.pid, *self.weights_of(reply.content))
             self.refill()
 
     def on_activations(self, pid: int, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -125,7 +136,7 @@ class GAS(SplitMixin, AsyncStrategy):
         self.client_iterations += 1
         done = self.progress_of[pid] >= self.cfg.local_iterations
         nxt = P.NEXT_WEIGHTS if done else P.NEXT_FORWARD
-        self.send_request(pid, self.backward_request(grad, nxt, self.cfg.batch_size))
+        self.send(pid, self.backward_request(grad, nxt, self.cfg.batch_size))
         self.activation_buffer.append((x, y))
         if sum(int(b[1].numel()) for b in self.activation_buffer) >= self.q_s * self.cfg.batch_size:
             self.flush_activations()
@@ -153,9 +164,7 @@ class GAS(SplitMixin, AsyncStrategy):
         """Model buffer; a full buffer is averaged (eq. 10) into the current client model."""
         self.model_buffer.append((pid, state))
         if len(self.model_buffer) >= self.q_c:
-            pids = [p for p, _ in self.model_buffer]
-            avg = weighted_average([s for _, s in self.model_buffer], [self.aggregation_weight(p) for p in pids])
-            self.client_model.load_state_dict(avg)
+            self.client_model.load_state_dict(average_uploads(self.model_buffer, self.aggregation_weight))
             self.model_buffer = []
             self.end_global_iteration()
 

@@ -1,35 +1,39 @@
 """Split-learning building blocks shared by every SFL strategy.
 
 :class:`SplitMixin` holds the global model, its split at the cut layer, and
-builds the ``train.forward`` / ``train.backward`` requests with their
-compute and upload figures. :func:`server_step` is one SGD step of a
-server-side model on received activations.
+builds the ``train.forward`` / ``train.backward`` requests on any block
+range and model slot, with their compute and upload figures from
+:attr:`~strategies.base.SFLStrategy.costs`. :func:`server_step` is one SGD
+step of a server-side model on received activations.
 
 :class:`SyncSplitStrategy` is the synchronous SFL round shared by
-SplitFed-V1, MiniBatch-SFL and the like: start the cohort from the current
-client-side model, run E local iterations (one activation exchange each,
-the next forward piggybacked on the backward), collect and average the
-client-side models. Subclasses supply the server side through
-:meth:`SyncSplitStrategy.server_iteration`.
+SplitFed-V1/V2, MiniBatch-SFL, vanilla SL, PSL and the like: start the
+cohort (from the current client-side model, or from each client's own),
+run E local iterations (one activation exchange each, the next forward
+piggybacked on the backward), collect the client-side models. Subclasses
+supply the server side through :meth:`SyncSplitStrategy.server_iteration`.
+
+:class:`PerClientModels` keeps a client-side model per client, never
+averaged (the PSL family), and evaluates each as ``client_k ∘ server``.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import ClassVar
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from fl_app import protocol as P
 from fl_app.models import BlockModel, split_model
 from fl_app.training import clip_and_step, make_sgd
-from strategies.aggregation import weighted_average
+from strategies.aggregation import average_uploads
 from strategies.base import SFLStrategy, SyncStrategy
+from strategies.dispatcher import Request
 
-#: (action, content, flops, bits_up) as :meth:`SFLStrategy.gather` takes it.
-Request = tuple[str, RecordDict, float, float]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -46,6 +50,9 @@ def server_step(model: nn.Module, opt: torch.optim.Optimizer, activations: torch
     Returns:
         ``(grad, loss)``: ``grad`` = dL/d(activations), same shape; the loss
         before the step (detached).
+
+    Raises:
+        DivergedError: the loss is not finite.
     """
     x = activations.detach().requires_grad_(True)
     logits = model(x)
@@ -85,30 +92,51 @@ class SplitMixin(SFLStrategy):
         return make_sgd(model, c.lr, c.momentum, c.weight_decay)
 
     def optimizer_config(self) -> dict[str, float]:
-        """Client optimiser settings sent with every training message."""
+        """Client optimiser settings (fields of :class:`~fl_app.protocol.OptimizerConfig`) sent with training messages."""
         c = self.cfg
-        return {"lr": c.lr, "momentum": c.momentum, "weight-decay": c.weight_decay, "clip-norm": c.clip_norm}
+        return {"lr": c.lr, "momentum": c.momentum, "weight_decay": c.weight_decay, "clip_norm": c.clip_norm}
 
-    def forward_request(self, batch: int, weights: ArrayRecord | None) -> Request:
-        """``train.forward``: optionally load ``weights`` (encoded once by the caller), run one batch."""
-        content = RecordDict({P.CONFIG: ConfigRecord({"batch-size": batch, "cut": self.cut, **self.optimizer_config()})})
+    def forward_request(self, batch: int, weights: ArrayRecord | None, *, start: int = 0, end: int | None = None,
+                        slot: str = P.OWN_SLOT, tag: object = None) -> Request:
+        """``train.forward`` of own data through blocks ``[start, end)`` (default the client part).
+
+        ``weights`` (encoded once by the caller), when given, replace the slot's.
+        Timed as the range's forward FLOPs plus the upload of its activations.
+        """
+        end = self.cut if end is None else end
+        config = P.ForwardConfig(slot=slot, start=start, end=end, batch_size=batch, **self.optimizer_config())
+        content = RecordDict({P.CONFIG: config.to_record()})
         if weights is not None:
             content[P.WEIGHTS] = weights
-        return (P.TRAIN_FORWARD, content, self.client_flops(self.cut, batch), self.activation_bits(self.cut, batch))
+        return Request(P.TRAIN_FORWARD, content, self.costs.flops(start, end, batch),
+                       self.costs.activation_bits(end, batch), tag=tag)
 
-    def backward_request(self, grad: torch.Tensor, nxt: str, next_batch: int = 0) -> Request:
-        """``train.backward`` with the activation gradient; ``nxt`` says what to return."""
+    def backward_request(self, grad: torch.Tensor, nxt: str, next_batch: int = 0, *, start: int = 0,
+                         end: int | None = None, slot: str = P.OWN_SLOT, upload: bool = True,
+                         tag: object = None) -> Request:
+        """``train.backward`` of the activation gradient ``grad`` through the slot's blocks ``[start, end)``.
+
+        Args:
+            nxt: what the reply carries besides: the next forward
+                (``NEXT_FORWARD``, of ``next_batch``), the slot's weights
+                (``NEXT_WEIGHTS``) or nothing more.
+            upload: with ``NEXT_WEIGHTS``, whether the algorithm really
+                uploads the model (timed and metered); False for a copy the
+                server only needs for evaluation (PSL).
+        """
+        end = self.cut if end is None else end
         batch = int(grad.shape[0])
-        flops = self.client_flops(self.cut, batch, forward=False, backward=True)
+        flops = self.costs.flops(start, end, batch, forward=False, backward=True)
         bits = 0.0
         if nxt == P.NEXT_FORWARD:
-            flops += self.client_flops(self.cut, next_batch)
-            bits = self.activation_bits(self.cut, next_batch)
-        elif nxt == P.NEXT_WEIGHTS:
-            bits = self.model_bits(0, self.cut)
-        config = ConfigRecord({"next": nxt, "batch-size": next_batch, **self.optimizer_config()})
-        content = RecordDict({P.GRADIENT: P.tensor_record("g", grad), P.CONFIG: config})
-        return (P.TRAIN_BACKWARD, content, flops, bits)
+            flops += self.costs.flops(start, end, next_batch)
+            bits = self.costs.activation_bits(end, next_batch)
+        elif nxt == P.NEXT_WEIGHTS and upload:
+            bits = self.costs.param_bits(start, end)
+        config = P.BackwardConfig(slot=slot, next=nxt, batch_size=next_batch, **self.optimizer_config())
+        content = RecordDict({P.GRADIENT: P.tensor_record("g", grad), P.CONFIG: config.to_record()})
+        metered = upload or nxt != P.NEXT_WEIGHTS
+        return Request(P.TRAIN_BACKWARD, content, flops, bits, tag=tag, metered=metered)
 
     @staticmethod
     def activations_of(content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +148,7 @@ class SplitMixin(SFLStrategy):
     def weights_of(content: RecordDict) -> tuple[dict[str, torch.Tensor], int]:
         """``(state_dict, num_examples)`` of a weights reply."""
         return (P.record_state(content.array_records[P.WEIGHTS]),
-                int(content.config_records[P.INFO]["num-examples"]))
+                int(content.config_records[P.INFO][P.INFO_NUM_EXAMPLES]))
 
 
 class SyncSplitStrategy(SplitMixin, SyncStrategy):
@@ -129,9 +157,16 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
     Hooks:
         :meth:`batch_size_for`: each client's batch size (default B).
         :meth:`begin_round`: before the first forward (e.g. copy server models).
+        :meth:`start_weights`: the client-side weights the round starts from.
         :meth:`server_iteration`: activations of the cohort -> gradients.
-        :meth:`end_round`: after the client-side models are averaged.
+        :meth:`collect_client_models`: what to do with the uploaded models.
+        :meth:`end_round`: after the client-side models are collected.
     """
+
+    #: Whether the client-side models travel to the server at the end of a
+    #: round (timed and metered); False for per-client models that only the
+    #: server's evaluation needs.
+    uploads_models: ClassVar[bool] = True
 
     def batch_size_for(self, pid: int, cohort: list[int]) -> int:
         """Batch size of ``pid`` this round."""
@@ -140,30 +175,74 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
     def begin_round(self, cohort: list[int]) -> None:
         """Prepare the server side for a round."""
 
+    def start_weights(self) -> ArrayRecord | None:
+        """Weights every cohort member loads first: the current client-side model (encoded once)."""
+        return P.state_record(self.client_model.state_dict())
+
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
         """Server updates for one local iteration: ``pid -> (x, y)`` to ``pid -> dL/dx``."""
         raise NotImplementedError
+
+    def collect_client_models(self, uploads: Mapping[int, dict[str, torch.Tensor]]) -> None:
+        """Average the uploaded client-side models (eq. 10 weights) into the current one."""
+        if uploads:
+            self.client_model.load_state_dict(average_uploads(uploads, self.aggregation_weight))
 
     def end_round(self, cohort: list[int]) -> None:
         """Finish the server side of a round (e.g. average server copies)."""
 
     def run_round(self, cohort: list[int]) -> None:
-        """Forward from the current client model, E exchanges, average the uploads."""
+        """Forward from the start weights, E exchanges, collect the client-side models."""
         sizes = {pid: self.batch_size_for(pid, cohort) for pid in cohort}
         self.begin_round(cohort)
-        start = P.state_record(self.client_model.state_dict())
+        start = self.start_weights()
         replies = self.gather({pid: self.forward_request(sizes[pid], start) for pid in cohort})
         local = self.cfg.local_iterations
         for e in range(local):
             grads = self.server_iteration({pid: self.activations_of(c) for pid, c in replies.items()})
             nxt = P.NEXT_FORWARD if e < local - 1 else P.NEXT_WEIGHTS
-            replies = self.gather({pid: self.backward_request(g, nxt, sizes[pid]) for pid, g in grads.items()})
+            replies = self.gather({pid: self.backward_request(g, nxt, sizes[pid], upload=self.uploads_models)
+                                   for pid, g in grads.items()})
         uploads = {pid: self.weights_of(c)[0] for pid, c in replies.items()}
-        if uploads:
-            pids = sorted(uploads)
-            avg = weighted_average([uploads[p] for p in pids], [self.aggregation_weight(p) for p in pids])
-            self.client_model.load_state_dict(avg)
+        self.collect_client_models(uploads)
         self.end_round(sorted(uploads))
+
+
+class PerClientModels(SyncSplitStrategy):
+    """A client-side model per client, never averaged (PSL, EPSL, GAPSL).
+
+    Clients start from the seeded initial weights, which every node builds
+    itself, and keep training their own model; no weights are sent. The
+    server keeps a copy of each client's latest model, returned (unmetered
+    and untimed) at the end of its round, only to evaluate ``client_k ∘
+    server``; clients never selected are evaluated with the initial weights.
+    """
+
+    uploads_models = False
+
+    def initialize(self) -> None:
+        """The initial client-side weights and an empty table of client models."""
+        super().initialize()
+        self.initial_client_state = {k: v.clone() for k, v in self.client_model.state_dict().items()}
+        self.client_states: dict[int, dict[str, torch.Tensor]] = {}
+
+    def start_weights(self) -> ArrayRecord | None:
+        """None: each client continues its own model."""
+        return None
+
+    def collect_client_models(self, uploads: Mapping[int, dict[str, torch.Tensor]]) -> None:
+        """Keep each client's model."""
+        self.client_states.update(uploads)
+
+    def evaluation_models(self) -> dict[int, BlockModel]:
+        """``client_k ∘ server`` for every live client."""
+        out = {}
+        for pid in self.live_clients():
+            model = copy.deepcopy(self.model)
+            client, _ = split_model(model, self.cut)
+            client.load_state_dict(self.client_states.get(pid, self.initial_client_state))
+            out[pid] = model
+        return out
 
 
 def copy_model(model: BlockModel) -> BlockModel:

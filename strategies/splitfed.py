@@ -1,11 +1,11 @@
-"""Synchronous SFL baselines: SplitFed-V1 and MiniBatch-SFL (DESIGN.md section 7)."""
+"""Synchronous SFL baselines: SplitFed-V1/V2, MiniBatch-SFL and vanilla SL (DESIGN.md section 7)."""
 
 from __future__ import annotations
 
 import torch
 
 from fl_app.models import BlockModel
-from strategies.aggregation import weighted_average
+from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.registry import register
 from strategies.split import SyncSplitStrategy, copy_model, server_step
 
@@ -20,6 +20,7 @@ class SplitFedV1(SyncSplitStrategy):
     """
 
     name = "splitfed-v1"
+    options = (AGGREGATION_OPTION,)
 
     def begin_round(self, cohort: list[int]) -> None:
         """Give each cohort member a copy of the server-side model and a fresh optimizer."""
@@ -38,8 +39,8 @@ class SplitFedV1(SyncSplitStrategy):
     def end_round(self, cohort: list[int]) -> None:
         """Average the server copies of the clients that finished the round."""
         if cohort:
-            states = [self.copies[p].state_dict() for p in cohort]
-            self.server_model.load_state_dict(weighted_average(states, [self.aggregation_weight(p) for p in cohort]))
+            states = {p: self.copies[p].state_dict() for p in cohort}
+            self.server_model.load_state_dict(average_uploads(states, self.aggregation_weight))
         self.copies, self.copy_opts = {}, {}
 
 
@@ -56,6 +57,7 @@ class MiniBatchSFL(SyncSplitStrategy):
     """
 
     name = "minibatch-sfl"
+    options = (AGGREGATION_OPTION,)
 
     def initialize(self) -> None:
         """One server-side model with a persistent optimizer."""
@@ -89,6 +91,7 @@ class SplitFedV2(SyncSplitStrategy):
     """SplitFed-V2 (Thapa et al. 2022): one server-side model, updated by the cohort's clients in turn."""
 
     name = "splitfed-v2"
+    options = (AGGREGATION_OPTION,)
 
     def initialize(self) -> None:
         """One server-side model with a persistent optimizer."""
@@ -103,3 +106,21 @@ class SplitFedV2(SyncSplitStrategy):
             grads[pid], _ = server_step(self.server_model, self.server_opt, x, y, self.cfg.clip_norm)
             self.server_updates += 1
         return grads
+
+
+@register
+class VanillaSL(SplitFedV2):
+    """Vanilla split learning (Gupta & Raskar 2018): the cohort's clients train in turn.
+
+    Each client runs its E local iterations from the previous client's
+    client-side model, against one server-side model; a global iteration is
+    one pass over the cohort (``concurrency`` clients), so its virtual time
+    is the sum of theirs.
+    """
+
+    name = "vanilla-sl"
+
+    def run_round(self, cohort: list[int]) -> None:
+        """One SplitFed-V2 round per client, in selection order."""
+        for pid in cohort:
+            super().run_round([pid])

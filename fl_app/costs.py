@@ -1,0 +1,79 @@
+"""Compute and transfer figures of any block range, from the block profiles.
+
+DESIGN.md sections 3 and 6. The virtual clock charges each request the
+FLOPs it makes a device compute and the bits it makes it send; both come
+from here, for any block range ``[start, end)`` of the model, so that a
+strategy (prefix, server-side suffix, RingSFL segment) never sums profiles
+itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fl_app.models import BlockProfile
+
+#: Bits of one float32 value and of one int64 label.
+FLOAT_BITS = 32.0
+LABEL_BITS = 64.0
+
+
+@dataclass(frozen=True)
+class BlockCosts:
+    """FLOPs and bits of block ranges of one model.
+
+    Args:
+        profiles: per-block profiles (:func:`fl_app.models.profile_blocks`).
+        batch_parallel: GAS reference-code accounting (DESIGN.md §6): a batch
+            costs one sample's FLOPs, as if processed in parallel.
+    """
+
+    profiles: Sequence[BlockProfile]
+    batch_parallel: bool = False
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks in the model (W in RingSFL)."""
+        return len(self.profiles)
+
+    def flops(self, start: int, end: int, batch: int, *, forward: bool = True, backward: bool = False) -> float:
+        """FLOPs of blocks ``[start, end)`` on a batch of ``batch`` samples.
+
+        The backward pass of a range that starts at block 0 excludes the input
+        gradient, which real training never computes (approximated by the
+        first block's forward FLOPs, as the profile counts the input gradient
+        of every block).
+
+        Raises:
+            ValueError: unless ``0 <= start < end <= num_blocks``.
+        """
+        self._check(start, end)
+        if self.batch_parallel:
+            batch = 1
+        prof = self.profiles[start:end]
+        total = 0.0
+        if forward:
+            total += sum(b.forward_flops for b in prof)
+        if backward:
+            total += sum(b.backward_flops for b in prof) - (prof[0].forward_flops if start == 0 else 0.0)
+        return total * batch
+
+    def activation_bits(self, end: int, batch: int, *, labels: bool = True) -> float:
+        """Bits of the float32 output of block ``end - 1`` for ``batch`` samples, plus int64 labels.
+
+        This is also the size of the gradient w.r.t. that output (without labels).
+        """
+        self._check(0, end)
+        per_sample = FLOAT_BITS * math.prod(self.profiles[end - 1].output_shape)
+        return batch * (per_sample + (LABEL_BITS if labels else 0.0))
+
+    def param_bits(self, start: int, end: int) -> float:
+        """Bits of the parameters (and buffers) of blocks ``[start, end)``."""
+        self._check(start, end)
+        return 8.0 * sum(b.param_bytes for b in self.profiles[start:end])
+
+    def _check(self, start: int, end: int) -> None:
+        if not 0 <= start < end <= self.num_blocks:
+            raise ValueError(f"block range [{start}, {end}) out of range ({self.num_blocks} blocks)")
