@@ -200,9 +200,9 @@ def test_fedbuff_flushes_after_exactly_k_uploads(tmp_path, monkeypatch):
         flushes.append([(pid, tau) for pid, _, tau in buffer])
         return orig_apply(self, state, buffer)
 
-    def on_reply(self, pid, action, content):
-        replies.append(pid)
-        return orig_reply(self, pid, action, content)
+    def on_reply(self, reply):
+        replies.append(reply.pid)
+        return orig_reply(self, reply)
 
     monkeypatch.setattr(FedBuff, "apply_buffer", apply_buffer)
     monkeypatch.setattr(FedBuff, "on_reply", on_reply)
