@@ -20,6 +20,10 @@ from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
 from fl_app.outputs import RunRecorder, default_output_dir
 from fl_app.task import Task, check_batch_size, load_task
+from simulation.clock import VirtualClock
+from simulation.heterogeneity import DeviceTiming, draw_profiles
+from strategies.clock import WallClock, ZeroTiming
+from strategies.registry import get_strategy
 
 log = logging.getLogger("sflower")
 
@@ -51,9 +55,6 @@ def plan_run(cfg: RunConfig) -> RunPlan:
             missing data, impossible partition, cut layer out of range,
             batch size larger than a partition.
     """
-    from simulation.heterogeneity import draw_profiles
-    from strategies.registry import get_strategy
-
     strategy_cls = get_strategy(cfg.strategy)
     profiles = draw_profiles(cfg.heterogeneity, cfg.num_clients, cfg.seed, downlink=cfg.downlink)
     task = load_task(cfg)
@@ -66,9 +67,6 @@ def plan_run(cfg: RunConfig) -> RunPlan:
 
 def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str, Any]:
     """Run the planned strategy on ``grid``; write the outputs; return the summary."""
-    from simulation.clock import VirtualClock, WallClock, ZeroTiming
-    from simulation.heterogeneity import DeviceTiming
-
     cfg = plan.cfg
     if cfg.clock == "virtual":
         clock, timing = VirtualClock(), DeviceTiming(plan.profiles, cfg.seed)

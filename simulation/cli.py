@@ -58,8 +58,12 @@ def cmd_strategies(args: argparse.Namespace) -> int:
     from strategies.registry import get_strategy, strategy_names
 
     for name in strategy_names():
-        doc = (get_strategy(name).__doc__ or "").strip().splitlines()[0]
+        cls = get_strategy(name)
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
         print(f"{name:16s} {doc}")
+        for opt in cls.all_options():
+            kind = "|".join(opt.choices) if opt.choices else opt.type.__name__
+            print(f"    {opt.key + '=' + str(opt.default):28s} {opt.help} ({kind})")
     return 0
 
 

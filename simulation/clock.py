@@ -1,10 +1,15 @@
-"""Clocks: a virtual clock for simulation, the wall clock for deployment."""
+"""The virtual clock of the simulation.
+
+The wall clock and zero timing used in deployment live next to the
+interfaces, in :mod:`strategies.clock` (strategies must not import
+``simulation``).
+"""
 
 from __future__ import annotations
 
-import time
+from strategies.clock import Clock
 
-from strategies.clock import Clock, Timing
+__all__ = ["VirtualClock"]
 
 
 class VirtualClock(Clock):
@@ -26,31 +31,6 @@ class VirtualClock(Clock):
         return self._now
 
     def advance_to(self, t: float) -> None:
-        """Set the time to ``max(now, t)``."""
+        """Set the time to ``max(now, t)`` (seconds)."""
         if t > self._now:
             self._now = float(t)
-
-
-class WallClock(Clock):
-    """Real elapsed seconds since construction; replies in arrival order."""
-
-    ordered = False
-
-    def __init__(self) -> None:
-        self._t0 = time.monotonic()
-
-    def now(self) -> float:
-        """Seconds since the clock was created."""
-        return time.monotonic() - self._t0
-
-    def advance_to(self, t: float) -> None:
-        """No-op: wall time moves by itself."""
-
-
-class ZeroTiming(Timing):
-    """Every piece of work takes 0 s: for the wall clock, where time is real."""
-
-    def duration(self, partition_id: int, flops: float, bits_up: float = 0.0,
-                 bits_down: float = 0.0, draw: int = 0) -> float:
-        """Always 0.0 seconds."""
-        return 0.0

@@ -6,7 +6,11 @@ model, its distance to the server in km. :class:`DeviceTiming` turns work
 (FLOPs, bits sent, bits received) into virtual seconds on that device; the
 event loop uses those seconds to order client replies (DESIGN.md §5 and §6).
 
-Three models are available (:data:`HETEROGENEITY`):
+Device models live in a registry, as strategies do: each model is one
+subclass of :class:`DeviceModel` decorated with :func:`register_device_model`,
+and its ``name`` is the value of the ``heterogeneity`` config key.
+:func:`device_model_names` lists every registered model; the three built-in
+ones (:data:`HETEROGENEITY`) are:
 
 ``"gas"``
     The wireless cell of the GAS paper (gas-aaai2025, "Experimental setup"; its
@@ -35,9 +39,10 @@ exchanges are timed, so runs are reproducible whatever the real scheduling.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, fields
 from numbers import Integral, Real
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence, TypeVar
 
 import numpy as np
 
@@ -49,6 +54,13 @@ if TYPE_CHECKING:  # pragma: no cover - only for type checkers
 
 __all__ = [
     "HETEROGENEITY",
+    "DeviceModel",
+    "register_device_model",
+    "device_model_names",
+    "get_device_model",
+    "GasModel",
+    "ExponentialModel",
+    "HomogeneousModel",
     "STRAGGLERS",
     "GAS_FLOPS_RANGE",
     "GAS_DISTANCE_RANGE_KM",
@@ -63,9 +75,6 @@ __all__ = [
     "DeviceTiming",
     "profiles_frame",
 ]
-
-#: Names accepted by :func:`draw_profiles` (the ``heterogeneity`` config key).
-HETEROGENEITY: tuple[str, ...] = ("gas", "exponential", "none")
 
 #: Values of :attr:`DeviceProfile.straggler`.
 STRAGGLERS: tuple[str, ...] = ("none", "exponential")
@@ -250,19 +259,199 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
+# --------------------------------------------------------------------------
+# Device models (registry)
+# --------------------------------------------------------------------------
+
+
+class DeviceModel(ABC):
+    """A heterogeneity model: draws one :class:`DeviceProfile` per client.
+
+    A new model is one subclass decorated with :func:`register_device_model`
+    that sets :attr:`name` (the ``heterogeneity`` config value), cites its
+    source in the docstring and implements :meth:`profile`. Models take no
+    constructor arguments.
+
+    :meth:`draw` builds profile ``k`` from its own generator
+    ``np.random.default_rng([seed, 1, k])`` (see :meth:`rng`), so profile
+    ``k`` depends only on ``(model, seed, k)``: adding clients keeps the
+    earlier profiles, and the draws are independent of other uses of the
+    run's seed.
+    """
+
+    #: Registry key and value of the ``heterogeneity`` config key.
+    name: ClassVar[str] = ""
+
+    @staticmethod
+    def rng(seed: int, partition_id: int) -> np.random.Generator:
+        """The generator of client ``partition_id``'s profile:
+        ``np.random.default_rng([seed, 1, partition_id])``."""
+        return np.random.default_rng([seed, _PROFILE_STREAM, partition_id])
+
+    @abstractmethod
+    def profile(self, partition_id: int, seed: int, *, downlink: bool) -> DeviceProfile:
+        """The profile of client ``partition_id`` for the run's ``seed``.
+
+        Args:
+            partition_id: the client, >= 0.
+            seed: the run's seed, >= 0 (use :meth:`rng` for random draws).
+            downlink: whether downlink time is charged (models that ignore
+                communication may ignore it).
+        """
+
+    def draw(self, num_clients: int, seed: int, *, downlink: bool = False) -> list[DeviceProfile]:
+        """Draw the profiles of ``num_clients`` clients (partition ids 0..n-1).
+
+        Args:
+            num_clients: number of clients, >= 1.
+            seed: the run's seed, an integer >= 0.
+            downlink: also charge downlink time (see each model).
+
+        Returns:
+            ``num_clients`` profiles ordered by partition id.
+
+        Raises:
+            ConfigError: ``num_clients < 1`` or a negative / non-integer ``seed``.
+        """
+        n = _check_int("num_clients", num_clients, 1)
+        seed = _check_int("seed", seed, 0)
+        return [self.profile(k, seed, downlink=downlink) for k in range(n)]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+_DEVICE_MODELS: dict[str, type[DeviceModel]] = {}
+
+_M = TypeVar("_M", bound=type[DeviceModel])
+
+
+def register_device_model(cls: _M) -> _M:
+    """Class decorator: make a :class:`DeviceModel` available under ``cls.name``.
+
+    Raises:
+        TypeError: ``cls`` is not a :class:`DeviceModel` subclass.
+        ValueError: the name is empty or already taken by another class.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, DeviceModel)):
+        raise TypeError(f"{cls!r} is not a DeviceModel subclass")
+    name = cls.name
+    if not name:
+        raise ValueError(f"{cls.__name__} needs a non-empty `name`")
+    if name in _DEVICE_MODELS and _DEVICE_MODELS[name] is not cls:
+        raise ValueError(
+            f"device model name '{name}' is already registered by {_DEVICE_MODELS[name].__name__}"
+        )
+    _DEVICE_MODELS[name] = cls
+    return cls
+
+
+def device_model_names() -> tuple[str, ...]:
+    """Names of all registered device models, built-in ones first, in registration order."""
+    return tuple(_DEVICE_MODELS)
+
+
+def get_device_model(name: str) -> type[DeviceModel]:
+    """The device model class registered under ``name``.
+
+    Raises:
+        ConfigError: unknown name (the message lists the known ones).
+    """
+    try:
+        return _DEVICE_MODELS[name]
+    except (KeyError, TypeError):  # TypeError: unhashable name
+        raise ConfigError(
+            f"unknown heterogeneity model {name!r}; "
+            f"choose one of {', '.join(device_model_names())}"
+        ) from None
+
+
+@register_device_model
+class GasModel(DeviceModel):
+    """The wireless cell of the GAS paper (gas-aaai2025, "Experimental setup").
+
+    ``f_k ~ U[1e9, 1e10]`` FLOP/s (:data:`GAS_FLOPS_RANGE`), then
+    ``r_k ~ U[0.1, 1]`` km (:data:`GAS_DISTANCE_RANGE_KM`), both from
+    :meth:`DeviceModel.rng`; ``uplink_bps = channel_rate_bps(r_k)``;
+    ``downlink_bps`` is the same rate when ``downlink`` is true, else ``inf``
+    (downlink time ignored). No stragglers.
+    """
+
+    name = "gas"
+
+    def profile(self, partition_id: int, seed: int, *, downlink: bool) -> DeviceProfile:
+        """Client ``partition_id``'s GAS device (see the class docstring)."""
+        rng = self.rng(seed, partition_id)
+        flops = float(rng.uniform(*GAS_FLOPS_RANGE))
+        distance = float(rng.uniform(*GAS_DISTANCE_RANGE_KM))
+        rate = float(channel_rate_bps(distance))
+        return DeviceProfile(
+            partition_id=partition_id,
+            flops_per_s=flops,
+            uplink_bps=rate,
+            downlink_bps=rate if downlink else math.inf,
+            distance_km=distance,
+            straggler="none",
+        )
+
+
+@register_device_model
+class ExponentialModel(DeviceModel):
+    """MU-SplitFed stragglers (mu-splitfed, "Experimental Setup", following GAS
+    and Reisizadeh et al. 2022).
+
+    Every device computes at :data:`DEFAULT_FLOPS_PER_S` (5e9 FLOP/s) and
+    communication is free (infinite rates; ``downlink`` is ignored), but the
+    profile is marked ``straggler="exponential"``: :class:`DeviceTiming`
+    multiplies each exchange's compute time by an ``Exp(1)`` draw.
+    """
+
+    name = "exponential"
+
+    def profile(self, partition_id: int, seed: int, *, downlink: bool) -> DeviceProfile:
+        """A 5e9 FLOP/s straggling device with free communication."""
+        return DeviceProfile(
+            partition_id=partition_id, flops_per_s=DEFAULT_FLOPS_PER_S, straggler="exponential"
+        )
+
+
+@register_device_model
+class HomogeneousModel(DeviceModel):
+    """Identical devices: a homogeneous baseline (no paper source needed).
+
+    Every device computes at :data:`DEFAULT_FLOPS_PER_S` (5e9 FLOP/s),
+    communication is free (``downlink`` is ignored) and there are no
+    stragglers.
+    """
+
+    name = "none"
+
+    def profile(self, partition_id: int, seed: int, *, downlink: bool) -> DeviceProfile:
+        """A 5e9 FLOP/s device with free communication."""
+        return DeviceProfile(partition_id=partition_id, flops_per_s=DEFAULT_FLOPS_PER_S)
+
+
+#: Names of the built-in device models (the ``heterogeneity`` config key);
+#: :func:`device_model_names` also lists models registered later.
+HETEROGENEITY: tuple[str, ...] = device_model_names()
+
+
 def draw_profiles(
     kind: str, num_clients: int, seed: int, *, downlink: bool = False
 ) -> list[DeviceProfile]:
     """Draw the device profiles of ``num_clients`` clients (partition ids 0..n-1).
 
-    Models (see the module docstring for sources):
+    Looks up the registered :class:`DeviceModel` named ``kind`` and calls its
+    :meth:`~DeviceModel.draw`. Built-in models (see the module docstring and
+    each class for sources):
 
-    * ``"gas"`` (GAS paper): ``f_k ~ U[1e9, 1e10]`` FLOP/s,
+    * ``"gas"`` (:class:`GasModel`, GAS paper): ``f_k ~ U[1e9, 1e10]`` FLOP/s,
       ``r_k ~ U[0.1, 1]`` km, ``uplink_bps = channel_rate_bps(r_k)``;
       ``downlink_bps`` is the same rate if ``downlink`` else ``inf``.
-    * ``"exponential"`` (MU-SplitFed): ``f = 5e9`` FLOP/s for all, infinite
-      rates, ``straggler="exponential"``.
-    * ``"none"``: ``f = 5e9`` FLOP/s for all, infinite rates, no stragglers.
+    * ``"exponential"`` (:class:`ExponentialModel`, MU-SplitFed):
+      ``f = 5e9`` FLOP/s for all, infinite rates, ``straggler="exponential"``.
+    * ``"none"`` (:class:`HomogeneousModel`): ``f = 5e9`` FLOP/s for all,
+      infinite rates, no stragglers.
 
     Profile ``k`` is drawn from its own generator
     ``np.random.default_rng([seed, 1, k])``, so it depends only on
@@ -270,7 +459,7 @@ def draw_profiles(
     draws are independent of other uses of ``seed``.
 
     Args:
-        kind: one of :data:`HETEROGENEITY`.
+        kind: a name from :func:`device_model_names`.
         num_clients: number of clients, >= 1.
         seed: the run's seed, an integer >= 0.
         downlink: GAS only: also charge downlink time, at the uplink rate.
@@ -279,42 +468,11 @@ def draw_profiles(
         A list of ``num_clients`` profiles, ordered by partition id.
 
     Raises:
-        ConfigError: for an unknown ``kind``, ``num_clients < 1`` or a
-            negative / non-integer ``seed``.
+        ConfigError: for an unknown ``kind`` (the message lists the known
+            ones), ``num_clients < 1`` or a negative / non-integer ``seed``.
     """
-    if kind not in HETEROGENEITY:
-        raise ConfigError(
-            f"unknown heterogeneity model {kind!r}; choose one of {', '.join(HETEROGENEITY)}"
-        )
-    n = _check_int("num_clients", num_clients, 1)
-    seed = _check_int("seed", seed, 0)
-
-    profiles = []
-    for k in range(n):
-        if kind == "gas":
-            rng = np.random.default_rng([seed, _PROFILE_STREAM, k])
-            flops = float(rng.uniform(*GAS_FLOPS_RANGE))
-            distance = float(rng.uniform(*GAS_DISTANCE_RANGE_KM))
-            rate = float(channel_rate_bps(distance))
-            profiles.append(
-                DeviceProfile(
-                    partition_id=k,
-                    flops_per_s=flops,
-                    uplink_bps=rate,
-                    downlink_bps=rate if downlink else math.inf,
-                    distance_km=distance,
-                    straggler="none",
-                )
-            )
-        else:
-            profiles.append(
-                DeviceProfile(
-                    partition_id=k,
-                    flops_per_s=DEFAULT_FLOPS_PER_S,
-                    straggler="exponential" if kind == "exponential" else "none",
-                )
-            )
-    return profiles
+    model = get_device_model(kind)()
+    return model.draw(num_clients, seed, downlink=downlink)
 
 
 def profiles_frame(profiles: Sequence[DeviceProfile]) -> "pd.DataFrame":
@@ -344,30 +502,26 @@ class DeviceTiming(Timing):
     ``duration = flops / f_k * s + bits_up / uplink_bps + bits_down / downlink_bps``
     where ``s = 1`` for ordinary devices and ``s ~ Exp(1)`` (MU-SplitFed
     stragglers) when the profile's ``straggler`` is ``"exponential"``;
-    infinite rates contribute 0 s.
+    infinite rates contribute 0 s. With ``draw=None`` the expected duration
+    is returned (``s = 1``, the mean of ``Exp(1)``).
+
+    What FLOPs to charge is the caller's choice (e.g. GAS reference-code
+    accounting, ``batch-parallel``, charges one sample per pass: see
+    :class:`fl_app.costs.BlockCosts` and DESIGN.md §6).
 
     Args:
         profiles: one profile per client; partition ids must be unique.
         seed: the run's seed (integer >= 0) for the straggler delays.
-        batch_parallel: GAS reference-compatible accounting (DESIGN.md §6).
-            When true, the *caller* passes the FLOPs of ONE sample per pass
-            instead of the whole batch, as GAS's reference code does (the
-            batch is treated as processed in parallel). This class only
-            records the flag in :attr:`batch_parallel`; the formula above is
-            the same either way.
 
     Raises:
         ConfigError: for an empty profile list, duplicate partition ids or a
             bad seed.
     """
 
-    def __init__(
-        self, profiles: Sequence[DeviceProfile], seed: int, batch_parallel: bool = False
-    ) -> None:
+    def __init__(self, profiles: Sequence[DeviceProfile], seed: int) -> None:
         if len(profiles) == 0:
             raise ConfigError("DeviceTiming needs at least one device profile")
         self.seed: int = _check_int("seed", seed, 0)
-        self.batch_parallel: bool = bool(batch_parallel)
         self._profiles: dict[int, DeviceProfile] = {}
         for p in profiles:
             if p.partition_id in self._profiles:
@@ -393,18 +547,21 @@ class DeviceTiming(Timing):
                 f"({len(self._profiles)} profiles)"
             ) from None
 
-    def straggler_factor(self, partition_id: int, draw: int = 0) -> float:
-        """Multiplier of the compute time of exchange ``draw`` of a client.
+    def straggler_factor(self, partition_id: int, draw: int | None = 0) -> float:
+        """Multiplier (dimensionless) of the compute time of exchange ``draw`` of a client.
 
         1.0 unless the profile's straggler is ``"exponential"``; then an
         ``Exp(1)`` draw from ``np.random.default_rng([seed, 2, partition_id, draw])``
         (MU-SplitFed), so it depends only on (seed, client, draw).
+        ``draw=None`` asks for the expected value: 1.0, the mean of ``Exp(1)``.
 
         Raises:
-            ConfigError: unknown partition; ValueError: negative ``draw``.
+            ConfigError: unknown partition.
+            ValueError: ``draw`` is neither ``None`` nor a non-negative integer
+                (checked for straggling devices only).
         """
         profile = self.profile(partition_id)
-        if profile.straggler != "exponential":
+        if profile.straggler != "exponential" or draw is None:
             return 1.0
         if not isinstance(draw, Integral) or draw < 0:
             raise ValueError(f"draw must be a non-negative integer, got {draw!r}")
@@ -417,19 +574,20 @@ class DeviceTiming(Timing):
         flops: float,
         bits_up: float = 0.0,
         bits_down: float = 0.0,
-        draw: int = 0,
+        draw: int | None = 0,
     ) -> float:
         """Virtual seconds that client ``partition_id`` needs for one exchange.
 
         Args:
             partition_id: the client.
-            flops: computation of the exchange in FLOPs (one sample's FLOPs
-                when :attr:`batch_parallel` accounting is used by the caller).
+            flops: computation of the exchange in FLOPs, as counted by the
+                caller (see the class docstring).
             bits_up: bits sent to the server.
             bits_down: bits received from the server.
             draw: per-client exchange counter the caller increments, so the
                 random straggler delay of an exchange does not depend on the
-                order in which exchanges are timed.
+                order in which exchanges are timed; ``None`` for the expected
+                duration (straggler factor 1.0, the mean of ``Exp(1)``).
 
         Returns:
             ``flops / f_k * factor + bits_up / uplink_bps + bits_down / downlink_bps``
@@ -453,7 +611,4 @@ class DeviceTiming(Timing):
         return float(seconds)
 
     def __repr__(self) -> str:
-        return (
-            f"DeviceTiming({len(self._profiles)} devices, seed={self.seed}, "
-            f"batch_parallel={self.batch_parallel})"
-        )
+        return f"DeviceTiming({len(self._profiles)} devices, seed={self.seed})"

@@ -162,10 +162,11 @@ HIST = {0: np.array([50, 10, 10, 10, 5, 5, 5, 3, 1, 1], dtype=np.int64),  # 100 
 def make_gas(**overrides):
     """A GAS strategy on mnist-5k with two hand-made clients (|D| = 100 and 300) and a
     stubbed transport: returns ``(strategy, sent)`` with ``sent`` the list of
-    ``(pid, (action, content, flops, bits_up))`` it tried to send."""
+    ``(pid, Request)`` it tried to send."""
     from fl_app.config import RunConfig
     from fl_app.server_app import plan_run
-    from simulation.clock import VirtualClock, ZeroTiming
+    from simulation.clock import VirtualClock
+    from strategies.clock import ZeroTiming
     from strategies.base import ClientInfo
 
     values = {"strategy": "gas", "dataset": "mnist-5k", "model": "alexnet", "cut-layer": 2,
@@ -178,7 +179,7 @@ def make_gas(**overrides):
     s.clients = {0: ClientInfo(0, 1000, 100, HIST[0]), 1: ClientInfo(1, 1001, 300, HIST[1])}
     s.initialize()
     sent = []
-    s.send_request = lambda pid, request: sent.append((pid, request))
+    s.send = lambda pid, request: sent.append((pid, request))
     return s, sent
 
 
@@ -300,13 +301,12 @@ def test_generation_tops_up_every_label_to_b(capture_server_steps):
 
 
 def _request_next(request):
-    action, content, _, _ = request
-    assert action == P.TRAIN_BACKWARD
-    return content.config_records[P.CONFIG]["next"]
+    assert request.action == P.TRAIN_BACKWARD
+    return P.BackwardConfig.from_record(request.content.config_records[P.CONFIG]).next
 
 
 def _request_grad(request):
-    return P.record_tensor(request[1].array_records[P.GRADIENT], "g")
+    return P.record_tensor(request.content.array_records[P.GRADIENT], "g")
 
 
 def test_backward_requests_and_gradients(capture_server_steps):
@@ -317,8 +317,8 @@ def test_backward_requests_and_gradients(capture_server_steps):
     s.launch(0)
     s.launch(1)
     assert [pid for pid, _ in sent] == [0, 1]
-    for pid, (action, content, _, _) in sent:
-        assert action == P.TRAIN_FORWARD and P.WEIGHTS in content.array_records
+    for pid, request in sent:
+        assert request.action == P.TRAIN_FORWARD and P.WEIGHTS in request.content.array_records
     sent.clear()
 
     priors = {p: torch.tensor(h / h.sum(), dtype=torch.float32) for p, h in HIST.items()}

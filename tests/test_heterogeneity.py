@@ -6,15 +6,23 @@ import math
 import numpy as np
 import pytest
 
+import simulation.heterogeneity as het
 from fl_app.errors import ConfigError
 from simulation.heterogeneity import (
     HETEROGENEITY,
+    DeviceModel,
     DeviceProfile,
     DeviceTiming,
+    ExponentialModel,
+    GasModel,
+    HomogeneousModel,
     channel_rate_bps,
+    device_model_names,
     draw_profiles,
+    get_device_model,
     path_loss_db,
     profiles_frame,
+    register_device_model,
 )
 
 # ---------------------------------------------------------------- channel
@@ -126,6 +134,66 @@ def test_bad_kind_and_counts():
         DeviceProfile(partition_id=0, flops_per_s=1e9, straggler="slow")
 
 
+def test_gas_profiles_use_per_client_stream():
+    # profile k comes from np.random.default_rng([seed, 1, k]): U[1e9,1e10] FLOP/s, then U[0.1,1] km
+    for k, p in enumerate(draw_profiles("gas", 4, seed=9)):
+        rng = np.random.default_rng([9, 1, k])
+        assert p.flops_per_s == float(rng.uniform(1e9, 1e10))
+        assert p.distance_km == float(rng.uniform(0.1, 1.0))
+
+
+# ---------------------------------------------------------------- registry
+
+
+def test_builtin_models_registered():
+    assert device_model_names()[:3] == HETEROGENEITY
+    assert get_device_model("gas") is GasModel
+    assert get_device_model("exponential") is ExponentialModel
+    assert get_device_model("none") is HomogeneousModel
+    assert GasModel().draw(5, 3) == draw_profiles("gas", 5, seed=3)
+    assert GasModel().draw(2, 3, downlink=True) == draw_profiles("gas", 2, seed=3, downlink=True)
+    with pytest.raises(ConfigError):
+        GasModel().draw(0, 3)
+
+
+def test_unknown_model_lists_names():
+    with pytest.raises(ConfigError, match="choose one of gas, exponential, none"):
+        draw_profiles("wireless", 3, seed=0)
+    with pytest.raises(ConfigError):
+        get_device_model(["gas"])  # unhashable
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    monkeypatch.setattr(het, "_DEVICE_MODELS", dict(het._DEVICE_MODELS))
+
+
+def test_new_model_is_one_class(scratch_registry):
+    @register_device_model
+    class Slow(DeviceModel):
+        """Test model: every device at 1 GFLOP/s."""
+
+        name = "slow-test"
+
+        def profile(self, partition_id, seed, *, downlink):
+            return DeviceProfile(partition_id=partition_id, flops_per_s=1e9 * (1 + partition_id))
+
+    assert "slow-test" in device_model_names()
+    assert HETEROGENEITY == ("gas", "exponential", "none")  # built-ins only
+    profiles = draw_profiles("slow-test", 3, seed=0)
+    assert [p.flops_per_s for p in profiles] == [1e9, 2e9, 3e9]
+    with pytest.raises(ValueError):
+        @register_device_model
+        class Clash(Slow):
+            name = "gas"
+    with pytest.raises(ValueError):
+        @register_device_model
+        class Nameless(Slow):
+            name = ""
+    with pytest.raises(TypeError):
+        register_device_model(int)
+
+
 def test_as_dict_is_strict_json():
     d = draw_profiles("none", 1, seed=0)[0].as_dict()
     assert d["uplink_bps"] == "inf" and d["downlink_bps"] == "inf"
@@ -162,12 +230,36 @@ def test_duration_downlink_and_infinite_rates():
     assert free.duration(0, 5e9, bits_up=1e12, bits_down=1e12) == 1.0
 
 
-def test_batch_parallel_only_recorded():
+def test_no_batch_parallel_flag():
     p = DeviceProfile(partition_id=0, flops_per_s=2e9, uplink_bps=4e6)
-    a = DeviceTiming([p], seed=0, batch_parallel=True)
-    b = DeviceTiming([p], seed=0)
-    assert a.batch_parallel and not b.batch_parallel
-    assert a.duration(0, 1e9, 8e6) == b.duration(0, 1e9, 8e6) == 2.5
+    timing = DeviceTiming([p], seed=0)
+    assert not hasattr(timing, "batch_parallel")
+    assert repr(timing) == "DeviceTiming(1 devices, seed=0)"
+    with pytest.raises(TypeError):
+        DeviceTiming([p], seed=0, batch_parallel=True)
+
+
+def test_expected_duration_draw_none():
+    profiles = draw_profiles("exponential", 2, seed=4)
+    profiles.append(DeviceProfile(partition_id=2, flops_per_s=2e9, uplink_bps=4e6, straggler="exponential"))
+    timing = DeviceTiming(profiles, seed=4)
+    # draw=None: the straggler factor is the mean of Exp(1), 1.0
+    assert timing.straggler_factor(0, None) == 1.0
+    assert timing.duration(0, 5e9, draw=None) == 1.0
+    # 1e9 / 2e9 * 1.0 + 8e6 / 4e6 = 2.5 s
+    assert timing.duration(2, 1e9, bits_up=8e6, draw=None) == 2.5
+    # a real draw differs from the expectation, and the expectation is stable
+    assert timing.duration(0, 5e9, draw=0) != 1.0
+    assert timing.duration(0, 5e9, draw=None) == 1.0
+    # non-stragglers: None is the same as any draw
+    free = DeviceTiming(draw_profiles("gas", 2, seed=4), seed=4)
+    assert free.duration(1, 3e9, 1e6, draw=None) == free.duration(1, 3e9, 1e6, draw=7)
+    # ZeroTiming accepts draw=None too
+    from strategies.clock import ZeroTiming
+
+    assert ZeroTiming().duration(0, 1e9, draw=None) == 0.0
+    with pytest.raises(ValueError):
+        timing.straggler_factor(0, -1)
 
 
 def test_exponential_straggler_reproducible_and_mean():

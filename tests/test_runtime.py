@@ -250,7 +250,7 @@ def test_dispatcher_one_message_in_flight_per_partition(server_identity):
 
 
 def test_dispatcher_wall_clock_arrival_order(server_identity):
-    from simulation.clock import WallClock
+    from strategies.clock import WallClock
     from strategies.dispatcher import Dispatcher
 
     grid = ScriptedGrid(release_reverse_one_per_pull)
@@ -500,7 +500,8 @@ def _fake_clients(sizes):
 
 def test_minibatch_sfl_batch_sizes_by_hand():
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock, ZeroTiming
+    from simulation.clock import VirtualClock
+    from strategies.clock import ZeroTiming
     from strategies.splitfed import MiniBatchSFL
 
     cfg = make_cfg(strategy="minibatch-sfl", num_clients=4, concurrency=4, batch_size=32)
@@ -596,7 +597,8 @@ def _hand_round(task, cfg, strategy):
 def test_one_round_equals_hand_computation(strategy, server_identity):
     from fl_app.client_app import app
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock, ZeroTiming
+    from simulation.clock import VirtualClock
+    from strategies.clock import ZeroTiming
     from simulation.engine import InProcessGrid
     from strategies.registry import get_strategy
 
