@@ -71,16 +71,20 @@ app = ClientApp(mods=[one_torch_thread])
 SAMPLER_KEY = "data.sampler"
 
 
+def slot_key(slot: str, part: str) -> str:
+    """The ``context.state`` key of a slot's record ``part`` (``weights``, ``optimizer``, ``accum``, ``batch``, ``input``)."""
+    return f"slot.{slot}.{part}"
+
+
 class _Slot:
     """One named model slot of a node: weights, optimizer, accumulator, stored input."""
 
     def __init__(self, node: _Node, name: str) -> None:
         self.node = node
         self.name = name
-        self.prefix = f"slot.{name}."
 
     def _key(self, part: str) -> str:
-        return self.prefix + part
+        return slot_key(self.name, part)
 
     def array(self, part: str) -> ArrayRecord | None:
         """The slot's ArrayRecord ``part`` (``weights``, ``optimizer``, ...), or None."""
@@ -254,19 +258,20 @@ def train_forward(msg: Message, context: Context) -> Message:
     slot = node.slot(cfg.slot)
     if P.WEIGHTS in msg.content.array_records:
         slot.load_weights(msg.content.array_records[P.WEIGHTS])
-    model = slot.model(cfg.start, cfg.end)
+    end = cfg.end or node.task.cut_layer
+    model = slot.model(cfg.start, end)
     if cfg.start == 0:
         if not cfg.loss:
-            return Message(node.forward(slot, model, cfg.start, cfg.end, cfg.batch_size), reply_to=msg)
+            return Message(node.forward(slot, model, cfg.start, end, cfg.batch_size), reply_to=msg)
         record, x, y = node.sample(cfg.batch_size)
-        record["start"], record["end"] = cfg.start, cfg.end
+        record["start"], record["end"] = cfg.start, end
     else:
         arrays = msg.content.array_records
         x = P.record_tensor(arrays[P.ACTIVATIONS], "x")
         y = P.record_tensor(arrays[P.LABELS], "y") if P.LABELS in arrays else None
         stored = {"x": x} if y is None else {"x": x, "y": y}
         slot.put("input", P.state_record(stored))
-        record = ConfigRecord({"start": cfg.start, "end": cfg.end})
+        record = ConfigRecord({"start": cfg.start, "end": end})
     slot.put("batch", record)
     if not cfg.loss:
         with torch.no_grad():

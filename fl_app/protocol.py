@@ -122,10 +122,13 @@ class ActionConfig:
         """Decode a record made by :meth:`to_record`; absent keys take their defaults.
 
         Raises:
-            ValueError: a value cannot be converted to its field's type.
+            ValueError: an unknown key, or a value that cannot be converted to its field's type.
         """
         record = record or {}
         hints = typing.get_type_hints(cls)
+        unknown = set(record) - {_key(f.name) for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown {cls.action or cls.__name__} config keys: {', '.join(sorted(unknown))}")
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             key = _key(f.name)
@@ -182,7 +185,7 @@ class ForwardConfig(OptimizerConfig):
     action: ClassVar[str] = TRAIN_FORWARD
     slot: str = OWN_SLOT
     start: int = 0
-    end: int = 1
+    end: int = 0  # 0: the run's cut layer
     batch_size: int = 0
     loss: bool = False
     accumulate: bool = False

@@ -23,6 +23,7 @@ from torch import nn
 from fl_app import protocol as P
 from fl_app.config import DEFAULTS, RunConfig, parse_key_values
 from fl_app.errors import ConfigError
+from strategies.dispatcher import Request
 from tests.conftest import TINY, cli_args, make_cfg, read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,7 +178,7 @@ def test_dispatcher_virtual_order_reverse_arrival(server_identity):
     d = Dispatcher(grid, clock, node_of(4), poll_interval=0.0)
     # durations: p0 3 s, p1 1 s, p2 2 s, p3 1 s (p1 and p3 tie; p1 was sent first)
     for pid, dur in [(0, 3.0), (1, 1.0), (2, 2.0), (3, 1.0)]:
-        d.send(pid, "train.forward", RecordDict(), dur)
+        d.send(pid, Request("train.forward", RecordDict()), dur)
     assert d.in_flight == 4 and all(d.busy(p) for p in range(4))
 
     got = []
@@ -186,7 +187,7 @@ def test_dispatcher_virtual_order_reverse_arrival(server_identity):
     assert reply.content.config_records[P.INFO]["mid"] == pending.message_id
     assert not d.busy(1) and d.in_flight == 3
     # p1 sends again at t=1.0: due 1.0 + 0.5 = 1.5, before p2 (2.0) and p0 (3.0)
-    again = d.send(1, "train.backward", RecordDict(), 0.5)
+    again = d.send(1, Request("train.backward", RecordDict()), 0.5)
     assert again.due == pytest.approx(1.5) and again.sent_at == pytest.approx(1.0)
     while d.in_flight:
         pending, reply = d.next_reply()
@@ -222,7 +223,7 @@ def test_dispatcher_virtual_order_random(seed, server_identity):
     d = Dispatcher(grid, clock, node_of(n), poll_interval=0.0)
     durations = rng.choice([0.5, 1.0, 1.0, 2.0, 2.0, 4.0], size=n)
     for pid in range(n):
-        d.send(pid, "train.forward", RecordDict(), float(durations[pid]))
+        d.send(pid, Request("train.forward", RecordDict()), float(durations[pid]))
     expected = sorted(range(n), key=lambda p: (durations[p], p))
     got, times = [], []
     while d.in_flight:
@@ -240,13 +241,14 @@ def test_dispatcher_one_message_in_flight_per_partition(server_identity):
 
     grid = ScriptedGrid(lambda unreleased, pulls: unreleased)
     d = Dispatcher(grid, VirtualClock(), node_of(2), poll_interval=0.0)
-    d.send(0, "train.forward", RecordDict(), 1.0)
-    with pytest.raises(RuntimeError, match="in flight"):
-        d.send(0, "train.backward", RecordDict(), 1.0)
-    assert len(grid.pushed) == 1  # the refused message was not pushed
-    d.send(1, "train.forward", RecordDict(), 1.0)  # another partition is fine
-    d.next_reply()
-    d.send(0, "train.backward", RecordDict(), 1.0)  # after its reply, p0 may be sent to again
+    d.send(0, Request("train.forward", RecordDict()), 1.0)
+    queued = d.send(0, Request("train.backward", RecordDict()), 1.0)
+    assert len(grid.pushed) == 1 and queued.message_id is None  # queued, not pushed
+    d.send(1, Request("train.forward", RecordDict()), 1.0)  # another partition is pushed at once
+    assert len(grid.pushed) == 2
+    pending, _ = d.next_reply()
+    assert pending.partition_id == 0 and len(grid.pushed) == 3  # p0's reply released the queued one
+    assert queued.message_id == grid.pushed[2]
 
 
 def test_dispatcher_wall_clock_arrival_order(server_identity):
@@ -258,7 +260,7 @@ def test_dispatcher_wall_clock_arrival_order(server_identity):
     d = Dispatcher(grid, clock, node_of(4), poll_interval=0.0)
     # durations would order them 0, 1, 2, 3 on a virtual clock; the wall clock ignores them
     for pid in range(4):
-        d.send(pid, "train.forward", RecordDict(), float(pid))
+        d.send(pid, Request("train.forward", RecordDict()), float(pid))
     got = []
     while d.in_flight:
         pending, reply = d.next_reply()
@@ -275,8 +277,8 @@ def test_dispatcher_timeout_reports_none(server_identity):
     grid = ScriptedGrid(lambda unreleased, pulls: unreleased, silent={node_of(2)[0]})
     clock = VirtualClock()
     d = Dispatcher(grid, clock, node_of(2), poll_interval=0.001, timeout=0.05)
-    d.send(0, "train.forward", RecordDict(), 1.0)  # never answers
-    d.send(1, "train.forward", RecordDict(), 2.0)
+    d.send(0, Request("train.forward", RecordDict()), 1.0)  # never answers
+    d.send(1, Request("train.forward", RecordDict()), 2.0)
     pending, reply = d.next_reply()
     assert pending.partition_id == 0 and reply is None
     pending, reply = d.next_reply()
@@ -336,7 +338,9 @@ def server_gradient(server, acts, labels):
 
 
 def test_backward_recomputes_stored_batch_and_keeps_momentum(server_identity):
-    from fl_app.client_app import OPTIMIZER_KEY, app
+    from fl_app.client_app import app, slot_key
+
+    OPTIMIZER_KEY = slot_key(P.OWN_SLOT, "optimizer")
     from fl_app.task import load_task
     from fl_app.training import load_batch, sample_batch
     from simulation.engine import InProcessGrid
@@ -357,7 +361,7 @@ def test_backward_recomputes_stored_batch_and_keeps_momentum(server_identity):
     w0 = {k: v.clone() for k, v in client0.state_dict().items()}
 
     # --- through the ClientApp -------------------------------------------------------
-    fwd_cfg = ConfigRecord({"batch-size": B, "cut": cut, **OPT})
+    fwd_cfg = ConfigRecord({"batch-size": B, "end": cut, **OPT})
     r1 = exchange(grid, nid, P.TRAIN_FORWARD, RecordDict({P.CONFIG: fwd_cfg, P.WEIGHTS: P.state_record(w0)}))
     acts1 = P.record_tensor(r1.array_records[P.ACTIVATIONS], "x")
     y1 = P.record_tensor(r1.array_records[P.LABELS], "y")
@@ -371,7 +375,7 @@ def test_backward_recomputes_stored_batch_and_keeps_momentum(server_identity):
 
     r2 = backward(g1, P.NEXT_WEIGHTS)
     w1_app = P.record_state(r2.array_records[P.WEIGHTS])
-    assert int(r2.config_records[P.INFO]["num-examples"]) == len(task.partitions[pid])
+    assert int(r2.config_records[P.INFO][P.INFO_NUM_EXAMPLES]) == len(task.partitions[pid])
     ctx: Context = grid.contexts[nid]
     assert OPTIMIZER_KEY in ctx.state.array_records  # momentum persisted between messages
 
@@ -464,7 +468,7 @@ def test_backward_matches_torch_sgd_exactly(augment, server_identity, monkeypatc
     nid = handshake(grid, cfg)[pid]
     client, server = task.split(cut)
     w0 = {k: v.clone() for k, v in client.state_dict().items()}
-    fwd = RecordDict({P.CONFIG: ConfigRecord({"batch-size": B, "cut": cut, **OPT}), P.WEIGHTS: P.state_record(w0)})
+    fwd = RecordDict({P.CONFIG: ConfigRecord({"batch-size": B, "end": cut, **OPT}), P.WEIGHTS: P.state_record(w0)})
     r = exchange(grid, nid, P.TRAIN_FORWARD, fwd)
     acts = P.record_tensor(r.array_records[P.ACTIVATIONS], "x")
     g = server_gradient(server, acts, P.record_tensor(r.array_records[P.LABELS], "y"))
