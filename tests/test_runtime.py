@@ -868,3 +868,32 @@ def test_cli_divergence_keeps_metrics(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"].startswith("diverged")
     assert (out / "config.json").is_file()
+
+
+def test_strategy_options_and_core_keys_are_the_run_config():
+    """DEFAULTS (and so pyproject) is exactly the core keys plus every strategy's declared
+    options, with the same defaults and types; choices admit the default."""
+    from fl_app.config import CORE_KEYS
+    from strategies.registry import get_strategy, strategy_names
+
+    declared: dict[str, object] = {}
+    for name in strategy_names():
+        for opt in get_strategy(name).all_options():
+            assert opt.key not in CORE_KEYS, f"{name} redeclares core key {opt.key}"
+            assert opt.key in DEFAULTS, f"{name} declares {opt.key}, missing from DEFAULTS"
+            assert type(DEFAULTS[opt.key]) is opt.type and DEFAULTS[opt.key] == opt.default, opt.key
+            assert not opt.choices or opt.default in opt.choices, opt.key
+            assert opt.help.strip(), opt.key
+            declared[opt.key] = opt.default
+    assert set(CORE_KEYS) | set(declared) == set(DEFAULTS)
+    assert not set(CORE_KEYS) & set(declared)
+
+
+def test_cli_strategies_prints_options(capsys):
+    from simulation.cli import main
+
+    assert main(["strategies"]) == 0
+    out = capsys.readouterr().out
+    gas = out.split("\ngas ", 1)[1].split("\nminibatch-sfl", 1)[0]
+    assert "buffer-models=0" in gas and "covariance=full" in gas and "full|diagonal" in gas
+    assert "\npsl " in out and "\nvanilla-sl " in out
