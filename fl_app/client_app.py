@@ -319,7 +319,7 @@ def train_backward(msg: Message, context: Context) -> Message:
         for key, record in node.weights_reply(model).items():
             content[key] = record
     elif not content:
-        content[P.INFO] = ConfigRecord({"ok": True})
+        content[P.INFO] = ConfigRecord({P.INFO_OK: True})
     return Message(content, reply_to=msg)
 
 
@@ -335,7 +335,7 @@ def train_step(msg: Message, context: Context) -> Message:
     if load_gradients(model, slot.array("accum")):
         slot.step(model, opt, cfg.clip_norm)
     slot.drop("accum")
-    content = node.weights_reply(model) if cfg.return_weights else RecordDict({P.INFO: ConfigRecord({"ok": True})})
+    content = node.weights_reply(model) if cfg.return_weights else RecordDict({P.INFO: ConfigRecord({P.INFO_OK: True})})
     return Message(content, reply_to=msg)
 
 

@@ -71,6 +71,7 @@ INFO_LABEL_HISTOGRAM = "label-histogram"
 INFO_LOSS = "loss"
 INFO_ACCURACY = "accuracy"
 INFO_TRAIN_LOSS = "train-loss"
+INFO_OK = "ok"  # an acknowledgement with nothing else to return
 
 # --- values of BackwardConfig.next --------------------------------------------
 NEXT_FORWARD = "forward"  # piggyback the next forward pass

@@ -116,7 +116,7 @@ class SFLStrategy(Strategy):
         self.best_accuracy = float("nan")
         self.status = "running"
         self._draws: dict[int, int] = defaultdict(int)
-        #: wall seconds spent evaluating (excluded from ``server_compute_s``)
+        #: wall seconds spent evaluating inside run() (excluded from ``server_compute_s``)
         self.eval_seconds = 0.0
         self.run_seconds = 0.0
         #: replies to earlier requests that a later gather received (see :meth:`gather_replies`)
@@ -184,6 +184,7 @@ class SFLStrategy(Strategy):
             self._open_progress()
             self.evaluate_and_record()
             if not self.should_stop():
+                self.eval_seconds = 0.0  # count only the evaluations inside run()
                 t0 = time.perf_counter()
                 try:
                     self.run()

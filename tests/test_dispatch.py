@@ -138,3 +138,36 @@ def test_cancel_drops_queued_and_in_flight(strategy):
     assert s.dispatcher.outstanding == 0
     with pytest.raises(ValueError, match="rest"):
         s.gather_replies([], rest="drop")
+
+
+def test_expected_duration_is_the_mean_and_draws_nothing(server_identity):
+    """With exponential stragglers a request's expected duration is its nominal compute
+    time (the mean of Exp(1) is 1), and asking does not consume a straggler draw."""
+    from fl_app.task import load_task
+    from simulation.clock import VirtualClock
+    from simulation.heterogeneity import DEFAULT_FLOPS_PER_S, DeviceTiming, draw_profiles
+    from strategies.base import ClientInfo, SFLStrategy
+    from strategies.dispatcher import Dispatcher
+
+    cfg = make_cfg(num_clients=2, concurrency=2, heterogeneity="exponential")
+    timing = DeviceTiming(draw_profiles("exponential", 2, cfg.seed), cfg.seed)
+    s = SFLStrategy(cfg, load_task(cfg), clock=VirtualClock(), timing=timing, progress=False)
+    nodes = node_of(2)
+    s.clients = {p: ClientInfo(p, nodes[p], 10, None) for p in range(2)}
+    s.dispatcher = Dispatcher(ScriptedGrid(all_at_once), s.clock, nodes, poll_interval=0.0)
+    work = req(2.5e9)
+    assert s.expected_duration(1, work) == pytest.approx(0.5)  # 2.5e9 FLOPs at 5e9 FLOP/s
+    assert DEFAULT_FLOPS_PER_S == 5e9
+    sent = s.send(1, work)
+    assert sent.due == pytest.approx(0.5 * timing.straggler_factor(1, 0))  # draw 0 is still the first
+
+
+def test_sync_strategy_measures_server_compute(tmp_path):
+    from fl_app.server_app import plan_run
+    from simulation.engine import run_inprocess
+
+    cfg = make_cfg(strategy="minibatch-sfl", num_clients=2, concurrency=2, local_iterations=3,
+                   output_dir=str(tmp_path / "run"))
+    summary = run_inprocess(plan_run(cfg), progress=False)
+    assert summary["server_compute_s"] > 0.0
+    assert summary["server_compute_s"] < summary["wall_time_s"]
