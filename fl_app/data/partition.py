@@ -1,0 +1,222 @@
+"""Partitioning the training set among clients (DESIGN §8).
+
+Uses the flwr-datasets partitioners over a label column; results depend only on
+the arguments and are cached.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import warnings
+
+import numpy as np
+
+from fl_app.errors import ConfigError
+
+__all__ = ["PARTITIONS", "partition_indices"]
+
+PARTITIONS: tuple[str, ...] = ("iid", "dirichlet", "shard")
+
+
+def partition_indices(
+    labels: np.ndarray,
+    num_partitions: int,
+    scheme: str,
+    *,
+    alpha: float = 0.5,
+    shards: int = 2,
+    seed: int = 0,
+    min_partition_size: int = 1,
+) -> list[np.ndarray]:
+    """Split the training set among ``num_partitions`` clients.
+
+    Uses the flwr-datasets partitioners over a ``datasets.Dataset`` with a
+    ``label`` column and an ``idx`` column (the row index, read back to get the
+    indices):
+
+    * ``iid``: rows permuted with ``seed``, then ``IidPartitioner`` (contiguous,
+      near-equal chunks; sizes differ by at most one).
+    * ``dirichlet``: ``DirichletPartitioner(alpha=alpha, min_partition_size=min_partition_size,
+      self_balancing=False, shuffle=True, seed=seed)`` (per-class Dirichlet
+      proportions; resampled at most 10 times if a partition is empty).
+    * ``shard``: ``ShardPartitioner(num_shards_per_partition=shards,
+      shuffle=True, seed=seed)``: rows sorted by label, cut into
+      ``num_partitions * shards`` equal shards of ``floor(N / (num_partitions *
+      shards))`` rows, ``shards`` random shards per client (the remainder rows
+      are left out). A client holds at most ``shards`` classes when every class
+      size is a multiple of the shard size, else a shard can straddle two
+      classes.
+
+    Args:
+        labels: ``[N]`` integer labels of the training set.
+        num_partitions: number of clients, ``1 <= num_partitions <= N``.
+        scheme: one of :data:`PARTITIONS`.
+        alpha: Dirichlet concentration, ``> 0`` (``dirichlet`` only).
+        shards: shards per client, ``>= 1`` (``shard`` only).
+        seed: partition seed; the result depends only on the arguments.
+
+    Returns:
+        ``num_partitions`` int64 arrays of row indices into the training set,
+        pairwise disjoint and each non-empty (a fresh copy on every call).
+
+    Raises:
+        ConfigError: unknown scheme, bad argument (non-integer labels,
+            ``num_partitions`` outside ``[1, N]``, ``alpha <= 0``, ``shards < 1``,
+            non-integer seed), an impossible configuration (``num_partitions *
+            shards > N``; Dirichlet sampling that leaves a partition empty after
+            11 tries), or an empty partition.
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or labels.size == 0:
+        raise ConfigError(f"labels must be a non-empty 1-D array, got shape {labels.shape}")
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ConfigError(f"labels must be integers, got dtype {labels.dtype}")
+    if scheme not in PARTITIONS:
+        raise ConfigError(f"unknown partition scheme {scheme!r}; known schemes: {', '.join(PARTITIONS)}")
+    if isinstance(num_partitions, bool) or not isinstance(num_partitions, (int, np.integer)):
+        raise ConfigError(f"num-clients must be an integer, got {num_partitions!r}")
+    num_partitions = int(num_partitions)
+    n = labels.size
+    if num_partitions < 1:
+        raise ConfigError(f"num-clients must be at least 1, got {num_partitions}")
+    if num_partitions > n:
+        raise ConfigError(f"num-clients ({num_partitions}) exceeds the number of training samples ({n})")
+    if scheme == "dirichlet":
+        alpha = float(alpha)
+        if not (alpha > 0 and math.isfinite(alpha)):
+            raise ConfigError(f"dirichlet alpha must be a positive number, got {alpha}")
+        shards = 0
+    elif scheme == "shard":
+        if isinstance(shards, bool) or not isinstance(shards, (int, np.integer)) or shards < 1:
+            raise ConfigError(f"shards per client must be a positive integer, got {shards!r}")
+        shards = int(shards)
+        if num_partitions * shards > n:
+            raise ConfigError(
+                f"cannot cut {n} samples into {num_partitions} clients x {shards} shards; "
+                f"lower num-clients or shards"
+            )
+        alpha = 0.0
+    else:
+        alpha, shards = 0.0, 0
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ConfigError(f"partition seed must be an integer, got {seed!r}")
+    labels = labels.astype(np.int64, copy=False)
+    key = hashlib.sha1(np.ascontiguousarray(labels).tobytes()).hexdigest()
+    min_size = max(1, int(min_partition_size)) if scheme == "dirichlet" else 1
+    cached = _partition_lru(key, n, num_partitions, scheme, alpha, shards, int(seed), min_size, _Unhashed(labels))
+    return [p.copy() for p in cached]
+
+
+class _Unhashed:
+    """Carries the labels array through lru_cache without hashing it.
+
+    The cache key is the SHA-1 of the labels (plus the other arguments); this
+    box compares equal to any other box so it does not take part in the key.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: np.ndarray) -> None:
+        self.value: np.ndarray | None = value
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Unhashed)
+
+
+@functools.lru_cache(maxsize=64)
+def _partition_lru(
+    key: str,
+    n: int,
+    num_partitions: int,
+    scheme: str,
+    alpha: float,
+    shards: int,
+    seed: int,
+    min_size: int,
+    labels_box: _Unhashed,
+) -> tuple[np.ndarray, ...]:
+    labels = labels_box.value
+    labels_box.value = None  # the cache keeps the box as part of its key; do not keep the labels
+    parts = _partition_compute(labels, num_partitions, scheme, alpha, shards, seed, min_size)
+    for p in parts:
+        p.setflags(write=False)
+    return tuple(parts)
+
+
+def _partition_compute(
+    labels: np.ndarray,
+    num_partitions: int,
+    scheme: str,
+    alpha: float,
+    shards: int,
+    seed: int,
+    min_size: int = 1,
+) -> list[np.ndarray]:
+    import datasets as hf
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, ShardPartitioner
+
+    n = labels.size
+    idx = np.arange(n, dtype=np.int64)
+    if scheme == "iid":
+        # IidPartitioner takes contiguous chunks without shuffling: permute first.
+        perm = np.random.default_rng(seed).permutation(n)
+        idx, labels = idx[perm], labels[perm]
+        partitioner = IidPartitioner(num_partitions=num_partitions)
+    elif scheme == "dirichlet":
+        partitioner = DirichletPartitioner(
+            num_partitions=num_partitions,
+            partition_by="label",
+            alpha=alpha,
+            min_partition_size=min_size,
+            self_balancing=False,
+            shuffle=True,
+            seed=seed,
+        )
+    else:
+        partitioner = ShardPartitioner(
+            num_partitions=num_partitions,
+            partition_by="label",
+            num_shards_per_partition=shards,
+            shuffle=True,
+            seed=seed,
+        )
+    # Arrow format: the partitioners read whole columns; a pyarrow column converts
+    # to numpy at once, where the default format's Column iterates row by row.
+    ds = hf.Dataset.from_dict({"label": labels, "idx": idx}).with_format("arrow")
+    partitioner.dataset = ds
+    out: list[np.ndarray] = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DirichletPartitioner warns on each resample
+            for i in range(num_partitions):
+                part = partitioner.load_partition(i)
+                out.append(np.asarray(part["idx"].to_numpy(), dtype=np.int64))
+    except (ValueError, ZeroDivisionError, TypeError) as err:
+        raise ConfigError(_partition_error_message(scheme, num_partitions, alpha, shards, n, err)) from None
+    for i, p in enumerate(out):
+        if p.size == 0:
+            hint = "raise alpha" if scheme == "dirichlet" else "use fewer shards"
+            raise ConfigError(f"partition {i} is empty; lower num-clients or {hint}")
+    return out
+
+
+def _partition_error_message(
+    scheme: str, num_partitions: int, alpha: float, shards: int, n: int, err: Exception
+) -> str:
+    if scheme == "dirichlet":
+        return (
+            f"dirichlet partition with alpha={alpha} could not give all {num_partitions} clients "
+            f"a sample in 11 tries; raise alpha or lower num-clients"
+        )
+    if scheme == "shard":
+        return (
+            f"shard partition of {n} samples into {num_partitions} clients x {shards} shards is "
+            f"impossible; lower num-clients or shards"
+        )
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"{scheme} partition into {num_partitions} clients failed: {first}"
