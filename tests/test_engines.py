@@ -35,12 +35,17 @@ E2E = {
 }
 
 
-@pytest.mark.parametrize("strategy", ["minibatch-sfl", "splitfed-v1"])
-def test_learns_fashion_mnist(strategy, fmnist_dir, tmp_path):
+@pytest.mark.parametrize("strategy, overrides", [
+    ("minibatch-sfl", {}), ("splitfed-v1", {}), ("vanilla-sl", {}),
+    # PSL is evaluated as the mean over all clients of client_k ∘ server: every client trains
+    ("psl", {"concurrency": 10}),
+])
+def test_learns_fashion_mnist(strategy, overrides, fmnist_dir, tmp_path):
     from simulation.cli import main
 
     out = tmp_path / strategy
-    rc = main(cli_args({**E2E, "strategy": strategy, "data-dir": fmnist_dir, "output-dir": out}, "-q"))
+    run = {**E2E, **overrides}
+    rc = main(cli_args({**run, "strategy": strategy, "data-dir": fmnist_dir, "output-dir": out}, "-q"))
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     rows = read_metrics(out / "metrics.csv")
@@ -51,9 +56,9 @@ def test_learns_fashion_mnist(strategy, fmnist_dir, tmp_path):
     assert summary["final_accuracy"] >= 0.5, acc
     assert acc[-1] > acc[0] + 0.3
     assert loss[-1] < loss[0]
-    assert summary["global_iterations"] == E2E["global-iterations"]
+    assert summary["global_iterations"] == run["global-iterations"]
     # every global iteration runs C clients x E local iterations of exchanges (+ the first forward)
-    assert summary["exchanges"] == E2E["global-iterations"] * E2E["concurrency"] * (E2E["local-iterations"] + 1)
+    assert summary["exchanges"] == run["global-iterations"] * run["concurrency"] * (run["local-iterations"] + 1)
     assert summary["virtual_time_s"] > 0
 
 
@@ -94,7 +99,7 @@ def test_same_config_same_metrics(tmp_path):
 # =============================================================================
 
 
-@pytest.mark.parametrize("strategy", ["splitfed-v1", "gas"])
+@pytest.mark.parametrize("strategy", ["splitfed-v1", "gas", "psl"])
 def test_ray_matches_inprocess(tmp_path, strategy):
     from fl_app.server_app import plan_run
     from simulation.engine import run_inprocess, run_ray
@@ -114,8 +119,11 @@ def test_ray_matches_inprocess(tmp_path, strategy):
     # clients run in Ray actors on one engine and in this process on the other: the
     # ClientApp pins one torch thread (fl_app.client_app.one_torch_thread), as Ray
     # actors have, and float results depend on the thread count.
-    for col in ("global_iteration", "server_updates", "virtual_time_s", "bytes_up", "bytes_down", "exchanges",
-                "test_accuracy", "test_loss"):
+    cols = ["global_iteration", "server_updates", "virtual_time_s", "bytes_up", "bytes_down", "exchanges",
+            "test_accuracy", "test_loss"]
+    if strategy == "psl":
+        cols += ["client_accuracy_min", "client_accuracy_max"]
+    for col in cols:
         assert [r[col] for r in rows_ray] == [r[col] for r in rows_local], col
     assert float(rows_local[1]["test_loss"]) != float(rows_local[0]["test_loss"])  # training happened
     assert s_ray["final_accuracy"] == s_local["final_accuracy"]
