@@ -113,6 +113,12 @@ class _Slot:
             raise RuntimeError(f"slot '{self.name}' has no stored forward pass: send train.forward first")
         return self.node.state.config_records[key]
 
+    @property
+    def range(self) -> tuple[int, int]:
+        """``(start, end)`` of the slot's last forward."""
+        batch = self.batch
+        return int(batch["start"]), int(batch["end"])
+
     def model(self, start: int, end: int) -> BlockModel:
         """Blocks ``[start, end)`` with the slot's stored weights.
 
@@ -159,7 +165,7 @@ class _Slot:
     def stored_input(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The input of the slot's last forward: own data (recomputed) or the relayed tensor."""
         batch = self.batch
-        if int(batch["start"]) == 0:
+        if self.range[0] == 0:
             return load_batch(self.node.task, self.node.partition_id, batch["indices"], int(batch["step"]))
         record = self.array("input")
         labels = P.record_tensor(record, "y") if "y" in record else None
@@ -298,8 +304,7 @@ def train_backward(msg: Message, context: Context) -> Message:
     node = _Node(context)
     cfg = P.BackwardConfig.from_record(msg.content.config_records[P.CONFIG])
     slot = node.slot(cfg.slot)
-    batch = slot.batch
-    start, end = int(batch["start"]), int(batch["end"])
+    start, end = slot.range
     model = slot.model(start, end)
     x, _ = slot.stored_input()
     grad = P.record_tensor(msg.content.array_records[P.GRADIENT], "g")
@@ -329,8 +334,7 @@ def train_step(msg: Message, context: Context) -> Message:
     node = _Node(context)
     cfg = P.StepConfig.from_record(msg.content.config_records[P.CONFIG])
     slot = node.slot(cfg.slot)
-    batch = slot.batch
-    model = slot.model(int(batch["start"]), int(batch["end"]))
+    model = slot.model(*slot.range)
     opt = slot.optimizer(model, cfg)
     if load_gradients(model, slot.array("accum")):
         slot.step(model, opt, cfg.clip_norm)
