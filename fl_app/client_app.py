@@ -38,6 +38,7 @@ from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
 from fl_app.models import BlockModel
 from fl_app.task import Task, load_task
+from fl_app.zo import STREAM_ZO_CLIENT, direction, num_parameters, perturbed_outputs, shapes_of, spsa_gradient, zo_seed
 from fl_app.training import (
     accumulate_gradients,
     clip_and_step,
@@ -69,6 +70,8 @@ def one_torch_thread(msg: Message, context: Context, call_next) -> Message:
 app = ClientApp(mods=[one_torch_thread])
 
 SAMPLER_KEY = "data.sampler"
+#: Key of the ZO direction seeds in a slot's batch record.
+ZO_SEEDS = "zo-seeds"
 
 
 def slot_key(slot: str, part: str) -> str:
@@ -216,6 +219,22 @@ class _Node:
             acts = model(x)
         return RecordDict({P.ACTIVATIONS: P.tensor_record("x", acts), P.LABELS: P.tensor_record("y", y)})
 
+    def zo_forward(self, slot: _Slot, model: BlockModel, end: int, batch_size: int, perturbations: int,
+                   smoothing: float) -> RecordDict:
+        """Sample the next own batch; ``h`` and ``P`` pairs ``h(w ± μ u_p)`` (MU-SplitFed eq. 4).
+
+        The seeds of the ``u_p`` are drawn from ``(seed, partition, step, p)``
+        and kept in the slot's batch record for ``train.zo_update``.
+        """
+        record, x, y = self.sample(batch_size)
+        step = int(record["step"])
+        seeds = [zo_seed(self.task.seed, STREAM_ZO_CLIENT, self.partition_id, step, p) for p in range(perturbations)]
+        record["start"], record["end"], record[ZO_SEEDS] = 0, end, seeds
+        slot.put("batch", record)
+        h, plus, minus = perturbed_outputs(model, x, seeds, smoothing)
+        return RecordDict({P.ACTIVATIONS: P.tensor_record("x", h), P.LABELS: P.tensor_record("y", y),
+                           P.PERTURBED: P.state_record({"plus": plus, "minus": minus})})
+
     def weights_reply(self, model: BlockModel) -> RecordDict:
         """The slot's weights and this node's example count."""
         return RecordDict({
@@ -340,6 +359,44 @@ def train_step(msg: Message, context: Context) -> Message:
         slot.step(model, opt, cfg.clip_norm)
     slot.drop("accum")
     content = node.weights_reply(model) if cfg.return_weights else RecordDict({P.INFO: ConfigRecord({P.INFO_OK: True})})
+    return Message(content, reply_to=msg)
+
+
+@app.train("zo_forward")
+def train_zo_forward(msg: Message, context: Context) -> Message:
+    """Unperturbed and perturbed embeddings of a new batch (see :class:`~fl_app.protocol.ZOForwardConfig`)."""
+    node = _Node(context)
+    cfg = P.ZOForwardConfig.from_record(msg.content.config_records[P.CONFIG])
+    slot = node.slot(cfg.slot)
+    if P.WEIGHTS in msg.content.array_records:
+        slot.load_weights(msg.content.array_records[P.WEIGHTS])
+    end = cfg.end or node.task.cut_layer
+    content = node.zo_forward(slot, slot.model(0, end), end, cfg.batch_size, cfg.perturbations, cfg.smoothing)
+    return Message(content, reply_to=msg)
+
+
+@app.train("zo_update")
+def train_zo_update(msg: Message, context: Context) -> Message:
+    """ZO step from the loss differences; no backward pass (see :class:`~fl_app.protocol.ZOUpdateConfig`)."""
+    node = _Node(context)
+    cfg = P.ZOUpdateConfig.from_record(msg.content.config_records[P.CONFIG])
+    slot = node.slot(cfg.slot)
+    start, end = slot.range
+    model = slot.model(start, end)
+    seeds = list(slot.batch.get(ZO_SEEDS, []))
+    if len(seeds) != len(cfg.diffs):
+        raise ValueError(f"{len(cfg.diffs)} loss differences for {len(seeds)} perturbations")
+    shapes = shapes_of(model)
+    grads = spsa_gradient(cfg.diffs, (direction(shapes, s) for s in seeds), cfg.smoothing, num_parameters(model))
+    for p, g in zip((p for p in model.parameters() if p.requires_grad), grads):
+        p.grad = g
+    slot.step(model, slot.optimizer(model, cfg), cfg.clip_norm)
+    if cfg.next == P.NEXT_FORWARD:
+        content = node.zo_forward(slot, model, end, cfg.batch_size, len(cfg.diffs), cfg.smoothing)
+    elif cfg.next == P.NEXT_WEIGHTS:
+        content = node.weights_reply(model)
+    else:
+        content = RecordDict({P.INFO: ConfigRecord({P.INFO_OK: True})})
     return Message(content, reply_to=msg)
 
 

@@ -38,6 +38,7 @@ DEFAULTS: dict[str, Any] = {
     "heterogeneity": "gas",
     "batch-parallel": False,
     "downlink": False,
+    "straggler-rate": 1.0,
     # training (GAS paper defaults: lr 0.01, momentum 0.9, wd 5e-4, clip 10, B 32)
     "global-iterations": 20,
     "local-iterations": 20,
@@ -59,6 +60,12 @@ DEFAULTS: dict[str, Any] = {
     "server-lr": 1.0,
     "fl-buffer": 0,
     "staleness": "none",
+    # MU-SplitFed and the ZO baselines
+    "client-optimizer": "sgd",
+    "perturbations": 1,
+    "zo-smoothing": 0.001,
+    "server-steps": 1,
+    "server-lr-split": 0.0,
     # run control
     "seed": 0,
     "eval-every": 1,
@@ -77,7 +84,7 @@ DEFAULTS: dict[str, Any] = {
 CORE_KEYS: tuple[str, ...] = (
     "strategy", "dataset", "data-dir", "model", "cut-layer", "num-clients", "concurrency",
     "partition", "alpha", "shards", "min-partition-size", "heterogeneity", "batch-parallel",
-    "downlink", "global-iterations", "local-iterations", "batch-size", "lr", "momentum",
+    "downlink", "straggler-rate", "global-iterations", "local-iterations", "batch-size", "lr", "momentum",
     "weight-decay", "clip-norm", "seed", "eval-every", "eval-samples", "target-accuracy",
     "max-virtual-time", "clock", "node-timeout", "output-dir",
 )
@@ -174,14 +181,15 @@ class RunConfig:
         return cfg
 
     def _check(self) -> None:
-        positive = ["num-clients", "concurrency", "global-iterations", "local-iterations", "batch-size"]
+        positive = ["num-clients", "concurrency", "global-iterations", "local-iterations", "batch-size",
+                    "perturbations", "server-steps"]
         for key in positive:
             if self._values[key] < 1:
                 raise ConfigError(f"{key} must be >= 1, got {self._values[key]}")
-        for key in ["lr", "alpha", "server-lr", "node-timeout"]:
+        for key in ["lr", "alpha", "server-lr", "node-timeout", "zo-smoothing", "straggler-rate"]:
             if not self._values[key] > 0:
                 raise ConfigError(f"{key} must be > 0, got {self._values[key]}")
-        for key in ["momentum", "weight-decay", "clip-norm", "target-accuracy", "max-virtual-time"]:
+        for key in ["momentum", "weight-decay", "clip-norm", "target-accuracy", "max-virtual-time", "server-lr-split"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
         for key in ["buffer-activations", "buffer-models", "fl-buffer", "eval-every", "eval-samples", "dissimilarity-every", "seed", "min-partition-size"]:
@@ -195,6 +203,8 @@ class RunConfig:
             raise ConfigError(f"clock must be 'virtual' or 'wall', got '{self.clock}'")
         if self.aggregation not in ("data-size", "uniform"):
             raise ConfigError(f"aggregation must be 'data-size' or 'uniform', got '{self.aggregation}'")
+        if self.get("client-optimizer") not in ("sgd", "zo"):
+            raise ConfigError(f"client-optimizer must be 'sgd' or 'zo', got '{self.get('client-optimizer')}'")
         if self.staleness not in ("none", "polynomial"):
             raise ConfigError(f"staleness must be 'none' or 'polynomial', got '{self.staleness}'")
 

@@ -19,6 +19,8 @@ key                kind        meaning
 ``gradient``       Array       one tensor ``"g"``: float32, shape of the
                                activations it answers (a backward's input),
                                or the gradient w.r.t. a range's input (reply)
+``perturbed``      Array       ``"plus"``, ``"minus"``: float32 ``[P, B, ...]``
+                               embeddings at ``w ± μ u_p`` (``train.zo_forward``)
 ``info``           Config      handshake reply / example counts / metrics
                                (keys ``INFO_*``)
 =================  ==========  ==============================================
@@ -51,9 +53,12 @@ TRAIN_FORWARD = "train.forward"
 TRAIN_BACKWARD = "train.backward"
 TRAIN_STEP = "train.step"
 TRAIN_FIT = "train.fit"
+TRAIN_ZO_FORWARD = "train.zo_forward"
+TRAIN_ZO_UPDATE = "train.zo_update"
 EVALUATE = "evaluate"
 
-ACTIONS = (QUERY_INFO, TRAIN_FORWARD, TRAIN_BACKWARD, TRAIN_STEP, TRAIN_FIT, EVALUATE)
+ACTIONS = (QUERY_INFO, TRAIN_FORWARD, TRAIN_BACKWARD, TRAIN_STEP, TRAIN_FIT, TRAIN_ZO_FORWARD, TRAIN_ZO_UPDATE,
+           EVALUATE)
 
 # --- record keys ---------------------------------------------------------------
 TASK = "task"
@@ -62,6 +67,7 @@ WEIGHTS = "weights"
 ACTIVATIONS = "activations"
 LABELS = "labels"
 GRADIENT = "gradient"
+PERTURBED = "perturbed"
 INFO = "info"
 
 # --- keys of the "info" ConfigRecord in replies ----------------------------------
@@ -224,6 +230,41 @@ class StepConfig(OptimizerConfig):
     action: ClassVar[str] = TRAIN_STEP
     slot: str = OWN_SLOT
     return_weights: bool = False
+
+
+@dataclass(frozen=True)
+class ZOForwardConfig(OptimizerConfig):
+    """``train.zo_forward``: sample ``batch_size`` own examples; reply the embedding ``h``
+    of blocks ``[0, end)`` (:data:`ACTIVATIONS`) and ``P = perturbations`` pairs
+    ``h(w ± μ u_p)`` (:data:`PERTURBED`), ``μ = smoothing`` (MU-SplitFed eq. 4).
+
+    The directions ``u_p`` stay on the node: it keeps their seeds. Sent
+    :data:`WEIGHTS` replace the slot's weights and reset its optimizer.
+    """
+
+    action: ClassVar[str] = TRAIN_ZO_FORWARD
+    slot: str = OWN_SLOT
+    end: int = 0  # 0: the run's cut layer
+    batch_size: int = 0
+    perturbations: int = 1
+    smoothing: float = 1e-3
+
+
+@dataclass(frozen=True)
+class ZOUpdateConfig(OptimizerConfig):
+    """``train.zo_update``: the ``P`` loss differences ``diffs`` of the last
+    ``train.zo_forward``; the node regenerates each ``u_p`` from its seed, forms
+    the SPSA estimate (:func:`fl_app.zo.spsa_gradient`), clips and steps. No
+    backward pass. ``next`` and ``batch_size`` as in :class:`BackwardConfig`;
+    a piggybacked forward is a ``train.zo_forward`` with the same ``P`` and ``μ``.
+    """
+
+    action: ClassVar[str] = TRAIN_ZO_UPDATE
+    slot: str = OWN_SLOT
+    diffs: tuple[float, ...] = ()
+    smoothing: float = 1e-3
+    next: str = NEXT_NONE
+    batch_size: int = 0
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     """Run the planned strategy on ``grid``; write the outputs; return the summary."""
     cfg = plan.cfg
     if cfg.clock == "virtual":
-        clock, timing = VirtualClock(), DeviceTiming(plan.profiles, cfg.seed)
+        clock, timing = VirtualClock(), DeviceTiming(plan.profiles, cfg.seed, cfg.straggler_rate)
     else:
         clock, timing = WallClock(), ZeroTiming()
     extra = {

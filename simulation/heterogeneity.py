@@ -500,10 +500,10 @@ class DeviceTiming(Timing):
     """Maps work to virtual seconds on each client's device.
 
     ``duration = flops / f_k * s + bits_up / uplink_bps + bits_down / downlink_bps``
-    where ``s = 1`` for ordinary devices and ``s ~ Exp(1)`` (MU-SplitFed
-    stragglers) when the profile's ``straggler`` is ``"exponential"``;
-    infinite rates contribute 0 s. With ``draw=None`` the expected duration
-    is returned (``s = 1``, the mean of ``Exp(1)``).
+    where ``s = 1`` for ordinary devices and ``s ~ Exp(λ)`` (MU-SplitFed
+    stragglers, rate ``λ = straggler_rate``, mean ``1/λ``) when the profile's
+    ``straggler`` is ``"exponential"``; infinite rates contribute 0 s. With
+    ``draw=None`` the expected duration is returned (``s = 1/λ``).
 
     What FLOPs to charge is the caller's choice (e.g. GAS reference-code
     accounting, ``batch-parallel``, charges one sample per pass: see
@@ -512,16 +512,21 @@ class DeviceTiming(Timing):
     Args:
         profiles: one profile per client; partition ids must be unique.
         seed: the run's seed (integer >= 0) for the straggler delays.
+        straggler_rate: λ of the exponential straggler factor (> 0; the
+            ``straggler-rate`` run-config key).
 
     Raises:
-        ConfigError: for an empty profile list, duplicate partition ids or a
-            bad seed.
+        ConfigError: for an empty profile list, duplicate partition ids, a
+            bad seed or a non-positive rate.
     """
 
-    def __init__(self, profiles: Sequence[DeviceProfile], seed: int) -> None:
+    def __init__(self, profiles: Sequence[DeviceProfile], seed: int, straggler_rate: float = 1.0) -> None:
         if len(profiles) == 0:
             raise ConfigError("DeviceTiming needs at least one device profile")
+        if not (straggler_rate > 0 and math.isfinite(straggler_rate)):
+            raise ConfigError(f"straggler-rate must be positive and finite, got {straggler_rate!r}")
         self.seed: int = _check_int("seed", seed, 0)
+        self.straggler_rate = float(straggler_rate)
         self._profiles: dict[int, DeviceProfile] = {}
         for p in profiles:
             if p.partition_id in self._profiles:
@@ -552,8 +557,9 @@ class DeviceTiming(Timing):
 
         1.0 unless the profile's straggler is ``"exponential"``; then an
         ``Exp(1)`` draw from ``np.random.default_rng([seed, 2, partition_id, draw])``
-        (MU-SplitFed), so it depends only on (seed, client, draw).
-        ``draw=None`` asks for the expected value: 1.0, the mean of ``Exp(1)``.
+        divided by ``straggler_rate`` (an ``Exp(λ)`` draw; MU-SplitFed), so it
+        depends only on (seed, client, draw). ``draw=None`` asks for the
+        expected value ``1/λ``.
 
         Raises:
             ConfigError: unknown partition.
@@ -561,12 +567,14 @@ class DeviceTiming(Timing):
                 (checked for straggling devices only).
         """
         profile = self.profile(partition_id)
-        if profile.straggler != "exponential" or draw is None:
+        if profile.straggler != "exponential":
             return 1.0
+        if draw is None:
+            return 1.0 / self.straggler_rate
         if not isinstance(draw, Integral) or draw < 0:
             raise ValueError(f"draw must be a non-negative integer, got {draw!r}")
         rng = np.random.default_rng([self.seed, _DELAY_STREAM, int(partition_id), int(draw)])
-        return float(rng.exponential(1.0))
+        return float(rng.exponential(1.0)) / self.straggler_rate
 
     def duration(
         self,

@@ -36,7 +36,7 @@ from strategies.base import AsyncStrategy
 from strategies.dispatcher import Reply
 from strategies.generation import LabelGaussians
 from strategies.registry import register
-from strategies.split import SplitMixin, server_step
+from strategies.split import CLIENT_OPTIMIZER_OPTION, ZO_OPTIONS, SplitMixin, server_step
 
 STREAM_GENERATION = 13
 STREAM_REFERENCE = 17
@@ -56,6 +56,13 @@ def logit_adjusted_loss(logits: torch.Tensor, labels: torch.Tensor, label_prior:
     return nn.functional.cross_entropy(logits + torch.log(label_prior + 1e-12).to(logits.dtype), labels)
 
 
+def _client_loss(logits: torch.Tensor, labels: torch.Tensor, label_prior: torch.Tensor | None) -> torch.Tensor:
+    """Client k's loss: eq. 6's logit-adjusted loss, or plain cross-entropy with ``label_prior=None``."""
+    if label_prior is None:
+        return nn.functional.cross_entropy(logits, labels)
+    return logit_adjusted_loss(logits, labels, label_prior)
+
+
 def activation_gradient(model: nn.Module, activations: torch.Tensor, labels: torch.Tensor,
                         label_prior: torch.Tensor | None) -> torch.Tensor:
     """``∇_A l_k(w_s; A, Y)`` without touching the server-side parameters' gradients.
@@ -64,11 +71,7 @@ def activation_gradient(model: nn.Module, activations: torch.Tensor, labels: tor
     Returns a tensor shaped like ``activations``.
     """
     x = activations.detach().requires_grad_(True)
-    logits = model(x)
-    if label_prior is None:
-        loss = nn.functional.cross_entropy(logits, labels)
-    else:
-        loss = logit_adjusted_loss(logits, labels, label_prior)
+    loss = _client_loss(model(x), labels, label_prior)
     (grad,) = torch.autograd.grad(loss, x)
     return grad.detach()
 
@@ -87,6 +90,8 @@ class GAS(SplitMixin, AsyncStrategy):
         Option("logit-adjust", True, "eq. 6 logit-adjusted loss for G_k"),
         Option("dissimilarity-every", 0, "record Fig. 2's gradient dissimilarity every N server updates (0 = off)"),
         AGGREGATION_OPTION,
+        CLIENT_OPTIMIZER_OPTION,
+        *ZO_OPTIONS,
     )
 
     def initialize(self) -> None:
@@ -124,14 +129,23 @@ class GAS(SplitMixin, AsyncStrategy):
     def on_reply(self, reply: Reply) -> None:
         """Activations: answer with G_k and buffer them. Weights: model buffer."""
         if P.ACTIVATIONS in reply.content.array_records:
-            self.on_activations(reply.pid, *self.activations_of(reply.content))
+            self.on_activations(reply.pid, *self.smashed_of(reply.pid, reply.content))
         elif P.WEIGHTS in reply.content.array_records:
             self.on_upload(reply.pid, *self.weights_of(reply.content))
             self.refill()
 
     def on_activations(self, pid: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Return ``G_k`` from the current server-side model; buffer ``(A_k, Y_k)``."""
-        grad = activation_gradient(self.server_model, x, y, self.label_prior(pid))
+        """Return ``G_k`` from the current server-side model; buffer ``(A_k, Y_k)``.
+
+        With ZO clients (ZO-GAS) the client instead gets the loss differences
+        of its perturbed pairs under the same model and loss (eq. 6).
+        """
+        prior = self.label_prior(pid)
+        if self.client_zo:
+            grad = self.feedback(self.server_model, y, None, pid,
+                                 lambda logits, labels: _client_loss(logits, labels, prior))
+        else:
+            grad = activation_gradient(self.server_model, x, y, prior)
         self.progress_of[pid] += 1
         self.client_iterations += 1
         done = self.progress_of[pid] >= self.cfg.local_iterations

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -28,6 +29,8 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from fl_app import protocol as P
+from fl_app.config import Option
+from fl_app.costs import LABEL_BITS
 from fl_app.models import BlockModel, split_model
 from fl_app.training import clip_and_step, make_sgd
 from strategies.aggregation import average_uploads
@@ -35,6 +38,41 @@ from strategies.base import SFLStrategy, SyncStrategy
 from strategies.dispatcher import Request
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+#: Options of every strategy whose clients can train with zeroth-order updates (MU-SplitFed, DESIGN.md §7).
+ZO_OPTIONS = (
+    Option("perturbations", 1, "ZO: P perturbation pairs per client step"),
+    Option("zo-smoothing", 0.001, "ZO: smoothing parameter μ"),
+)
+#: ``client-optimizer``: ``zo`` gives the ZO baselines of MU-SplitFed (ZO-SplitFed, ZO-GAS).
+CLIENT_OPTIMIZER_OPTION = Option("client-optimizer", "sgd", "client-side training: first-order SGD, or zeroth-order "
+                                 "(forward passes only; MU-SplitFed's ZO baselines)", ("sgd", "zo"))
+
+
+@dataclass(frozen=True)
+class ZOFeedback:
+    """What a ZO client gets back instead of an activation gradient (MU-SplitFed eq. 6).
+
+    Attributes:
+        diffs: ``P`` loss differences ``l(h⁺_p) − l(h⁻_p)`` under the server-side model.
+    """
+
+    diffs: tuple[float, ...]
+
+
+def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, labels: torch.Tensor,
+                     loss_fn: LossFn | None = None) -> ZOFeedback:
+    """``l(model(h⁺_p), y) − l(model(h⁻_p), y)`` for each of the ``P`` pairs (no gradients).
+
+    Args:
+        plus, minus: ``[P, B, ...]`` perturbed embeddings from ``train.zo_forward``.
+        labels: int64 ``[B]``.
+        loss_fn: ``(logits, labels) -> scalar`` (default: mean cross-entropy).
+    """
+    fn = loss_fn or nn.functional.cross_entropy
+    with torch.no_grad():
+        diffs = tuple(float(fn(model(a), labels) - fn(model(b), labels)) for a, b in zip(plus, minus))
+    return ZOFeedback(diffs)
 
 
 def server_step(model: nn.Module, opt: torch.optim.Optimizer, activations: torch.Tensor,
@@ -81,6 +119,8 @@ class SplitMixin(SFLStrategy):
         super().initialize()
         self.model = self.task.build_model()
         self.client_model, self.server_model = split_model(self.model, self.cut)
+        #: ZO clients: pid -> (h⁺, h⁻) of its latest forward, until :meth:`feedback` uses them
+        self.zo_pairs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def global_model(self) -> BlockModel:
         """The full model: client-side ∘ server-side."""
@@ -90,6 +130,11 @@ class SplitMixin(SFLStrategy):
         """SGD for a server-side model, with the run's lr, momentum and weight decay."""
         c = self.cfg
         return make_sgd(model, c.lr, c.momentum, c.weight_decay)
+
+    @property
+    def client_zo(self) -> bool:
+        """Whether clients train with zeroth-order updates (``client-optimizer=zo``)."""
+        return self.cfg.get("client-optimizer") == "zo"
 
     def optimizer_config(self) -> dict[str, float]:
         """Client optimiser settings (fields of :class:`~fl_app.protocol.OptimizerConfig`) sent with training messages."""
@@ -104,6 +149,8 @@ class SplitMixin(SFLStrategy):
         Timed as the range's forward FLOPs plus the upload of its activations.
         """
         end = self.cut if end is None else end
+        if self.client_zo:
+            return self.zo_forward_request(batch, weights, end=end, slot=slot, tag=tag)
         config = P.ForwardConfig(slot=slot, start=start, end=end, batch_size=batch, **self.optimizer_config())
         content = RecordDict({P.CONFIG: config.to_record()})
         if weights is not None:
@@ -111,7 +158,42 @@ class SplitMixin(SFLStrategy):
         return Request(P.TRAIN_FORWARD, content, self.costs.flops(start, end, batch),
                        self.costs.activation_bits(end, batch), tag=tag)
 
-    def backward_request(self, grad: torch.Tensor, nxt: str, next_batch: int = 0, *, start: int = 0,
+    def zo_bits(self, end: int, batch: int) -> float:
+        """Upload of a ZO forward: ``2P + 1`` embeddings of ``batch`` samples, and their labels once."""
+        per = self.costs.activation_bits(end, batch, labels=False)
+        return (2 * self.cfg.perturbations + 1) * per + LABEL_BITS * batch
+
+    def zo_forward_request(self, batch: int, weights: ArrayRecord | None, *, end: int | None = None,
+                           slot: str = P.OWN_SLOT, tag: object = None) -> Request:
+        """``train.zo_forward``: ``h`` and ``P`` perturbed pairs of a new batch (``2P + 1`` forward passes)."""
+        end = self.cut if end is None else end
+        c = self.cfg
+        config = P.ZOForwardConfig(slot=slot, end=end, batch_size=batch, perturbations=c.perturbations,
+                                   smoothing=c.zo_smoothing, **self.optimizer_config())
+        content = RecordDict({P.CONFIG: config.to_record()})
+        if weights is not None:
+            content[P.WEIGHTS] = weights
+        flops = (2 * c.perturbations + 1) * self.costs.flops(0, end, batch)
+        return Request(P.TRAIN_ZO_FORWARD, content, flops, self.zo_bits(end, batch), tag=tag)
+
+    def zo_update_request(self, feedback: ZOFeedback, nxt: str, next_batch: int = 0, *, end: int | None = None,
+                          slot: str = P.OWN_SLOT, upload: bool = True, tag: object = None) -> Request:
+        """``train.zo_update`` with the ``P`` loss differences (``32·P`` bits down); no backward pass."""
+        end = self.cut if end is None else end
+        c = self.cfg
+        flops, bits = 0.0, 0.0
+        if nxt == P.NEXT_FORWARD:
+            flops = (2 * c.perturbations + 1) * self.costs.flops(0, end, next_batch)
+            bits = self.zo_bits(end, next_batch)
+        elif nxt == P.NEXT_WEIGHTS and upload:
+            bits = self.costs.param_bits(0, end)
+        config = P.ZOUpdateConfig(slot=slot, diffs=feedback.diffs, smoothing=c.zo_smoothing, next=nxt,
+                                  batch_size=next_batch, **self.optimizer_config())
+        content = RecordDict({P.CONFIG: config.to_record()})
+        return Request(P.TRAIN_ZO_UPDATE, content, flops, bits, bits_down=32.0 * len(feedback.diffs), tag=tag,
+                       metered=upload or nxt != P.NEXT_WEIGHTS)
+
+    def backward_request(self, grad: torch.Tensor | ZOFeedback, nxt: str, next_batch: int = 0, *, start: int = 0,
                          end: int | None = None, slot: str = P.OWN_SLOT, upload: bool = True,
                          tag: object = None) -> Request:
         """``train.backward`` of the activation gradient ``grad`` through the slot's blocks ``[start, end)``.
@@ -123,7 +205,11 @@ class SplitMixin(SFLStrategy):
             upload: with ``NEXT_WEIGHTS``, whether the algorithm really
                 uploads the model (timed and metered); False for a copy the
                 server only needs for evaluation (PSL).
+
+        A :class:`ZOFeedback` instead of a gradient makes it a ``train.zo_update``.
         """
+        if isinstance(grad, ZOFeedback):
+            return self.zo_update_request(grad, nxt, next_batch, end=end, slot=slot, upload=upload, tag=tag)
         end = self.cut if end is None else end
         batch = int(grad.shape[0])
         flops = self.costs.flops(start, end, batch, forward=False, backward=True)
@@ -143,6 +229,27 @@ class SplitMixin(SFLStrategy):
         """``(activations [B, ...] float32, labels [B] int64)`` of a forward reply."""
         return (P.record_tensor(content.array_records[P.ACTIVATIONS], "x"),
                 P.record_tensor(content.array_records[P.LABELS], "y"))
+
+    @staticmethod
+    def perturbed_of(content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(h⁺ [P, B, ...], h⁻ [P, B, ...])`` of a ``train.zo_forward`` reply."""
+        record = P.record_state(content.array_records[P.PERTURBED])
+        return record["plus"], record["minus"]
+
+    def feedback(self, model: nn.Module, labels: torch.Tensor, grad: torch.Tensor, pid: int,
+                 loss_fn: LossFn | None = None) -> torch.Tensor | ZOFeedback:
+        """What client ``pid`` gets for its batch: ``grad`` (first-order), or with a ZO client the
+        loss differences of its perturbed pairs under ``model`` (the model ``grad`` came from)."""
+        if not self.client_zo:
+            return grad
+        plus, minus = self.zo_pairs.pop(pid)
+        return loss_differences(model, plus, minus, labels, loss_fn)
+
+    def smashed_of(self, pid: int, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``activations_of`` a forward reply; with ZO clients, keep its perturbed pairs for :meth:`feedback`."""
+        if self.client_zo:
+            self.zo_pairs[pid] = self.perturbed_of(content)
+        return self.activations_of(content)
 
     @staticmethod
     def weights_of(content: RecordDict) -> tuple[dict[str, torch.Tensor], int]:
@@ -199,7 +306,7 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         replies = self.gather({pid: self.forward_request(sizes[pid], start) for pid in cohort})
         local = self.cfg.local_iterations
         for e in range(local):
-            grads = self.server_iteration({pid: self.activations_of(c) for pid, c in replies.items()})
+            grads = self.server_iteration({pid: self.smashed_of(pid, c) for pid, c in replies.items()})
             nxt = P.NEXT_FORWARD if e < local - 1 else P.NEXT_WEIGHTS
             replies = self.gather({pid: self.backward_request(g, nxt, sizes[pid], upload=self.uploads_models)
                                    for pid, g in grads.items()})

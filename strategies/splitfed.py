@@ -7,7 +7,7 @@ import torch
 from fl_app.models import BlockModel
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.registry import register
-from strategies.split import SyncSplitStrategy, copy_model, server_step
+from strategies.split import CLIENT_OPTIMIZER_OPTION, ZO_OPTIONS, SyncSplitStrategy, copy_model, server_step
 
 
 @register
@@ -20,7 +20,7 @@ class SplitFedV1(SyncSplitStrategy):
     """
 
     name = "splitfed-v1"
-    options = (AGGREGATION_OPTION,)
+    options = (AGGREGATION_OPTION, CLIENT_OPTIMIZER_OPTION, *ZO_OPTIONS)
 
     def begin_round(self, cohort: list[int]) -> None:
         """Give each cohort member a copy of the server-side model and a fresh optimizer."""
@@ -28,11 +28,16 @@ class SplitFedV1(SyncSplitStrategy):
         self.copy_opts = {pid: self.server_optimizer(m) for pid, m in self.copies.items()}
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
-        """One step of each client's server copy on its own batch."""
+        """One step of each client's server copy on its own batch.
+
+        With ZO clients (ZO-SplitFed), each gets the loss differences of its
+        perturbed pairs under its updated copy instead of the gradient.
+        """
         grads = {}
         for pid in sorted(batches):
             x, y = batches[pid]
-            grads[pid], _ = server_step(self.copies[pid], self.copy_opts[pid], x, y, self.cfg.clip_norm)
+            grad, _ = server_step(self.copies[pid], self.copy_opts[pid], x, y, self.cfg.clip_norm)
+            grads[pid] = self.feedback(self.copies[pid], y, grad, pid)
             self.server_updates += 1
         return grads
 

@@ -99,7 +99,7 @@ def test_same_config_same_metrics(tmp_path):
 # =============================================================================
 
 
-@pytest.mark.parametrize("strategy", ["splitfed-v1", "gas", "psl"])
+@pytest.mark.parametrize("strategy", ["splitfed-v1", "gas", "psl", "mu-splitfed"])
 def test_ray_matches_inprocess(tmp_path, strategy):
     from fl_app.server_app import plan_run
     from simulation.engine import run_inprocess, run_ray

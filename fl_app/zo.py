@@ -1,0 +1,119 @@
+"""Zeroth-order (ZO) optimisation: SPSA with directions on the unit sphere.
+
+MU-SplitFed (``papers/mu-splitfed.txt``, Sec. 3, eqs. 3-6) trains the
+client-side model, and its server-side copies, from loss differences only.
+The paper's equations were lost in extraction; DESIGN.md section 7 fixes the
+standard form used here:
+
+    g = (d / (2 μ P)) · Σ_p [f(x + μ u_p) − f(x − μ u_p)] · u_p
+
+with ``d`` the number of parameters, ``μ`` the smoothing parameter and
+``u_p`` drawn uniformly from the unit sphere in R^d. For a quadratic ``f``
+the difference is exactly ``2 μ ∇f·u_p`` and ``E[u uᵀ] = I / d``, so ``g`` is
+unbiased; its variance falls like ``1/P``.
+
+Directions are never transmitted: each ``u_p`` is regenerated from an integer
+seed (:func:`direction`), on the client and wherever else it is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+#: Seed-stream tags of ZO directions (client side and server side).
+STREAM_ZO_CLIENT = 19
+STREAM_ZO_SERVER = 23
+
+
+def zo_seed(*parts: int) -> int:
+    """A 63-bit seed for one direction from integers (run seed, stream, client, step, p)."""
+    seq = np.random.SeedSequence([int(p) for p in parts])
+    return int(seq.generate_state(1, np.uint64)[0] >> 1)
+
+
+def direction(shapes: Sequence[torch.Size], seed: int) -> list[torch.Tensor]:
+    """``u`` uniform on the unit sphere of ``R^d``, ``d = Σ numel(shape)``, split into ``shapes``.
+
+    A standard normal vector divided by its norm (float32, CPU); the same
+    seed always gives the same ``u``.
+    """
+    gen = torch.Generator().manual_seed(int(seed))
+    parts = [torch.randn(tuple(s), generator=gen) for s in shapes]
+    norm = torch.sqrt(sum((p.double() ** 2).sum() for p in parts))
+    return [(p.double() / norm).float() for p in parts]
+
+
+def num_parameters(model: nn.Module) -> int:
+    """``d``: the number of trainable parameters of ``model``."""
+    return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+
+
+def shapes_of(model: nn.Module) -> list[torch.Size]:
+    """Shapes of ``model``'s trainable parameters, in ``parameters()`` order."""
+    return [p.shape for p in model.parameters() if p.requires_grad]
+
+
+@torch.no_grad()
+def perturb_(model: nn.Module, u: Sequence[torch.Tensor], scale: float) -> None:
+    """``w ← w + scale · u`` in place over the trainable parameters."""
+    for p, v in zip((p for p in model.parameters() if p.requires_grad), u):
+        p.add_(v, alpha=scale)
+
+
+def spsa_gradient(diffs: Sequence[float], directions: Iterable[Sequence[torch.Tensor]], mu: float,
+                  dim: int) -> list[torch.Tensor]:
+    """``g = (d / (2 μ P)) Σ_p diffs_p · u_p`` (MU-SplitFed's ZO estimator, DESIGN.md §7).
+
+    Args:
+        diffs: ``P`` loss differences ``f(x + μu_p) − f(x − μu_p)``.
+        directions: the ``P`` directions, each a list of tensors.
+        mu: the smoothing parameter μ (> 0).
+        dim: ``d``, the dimension of the sphere the directions were drawn on.
+
+    Returns:
+        the estimate, shaped like the directions.
+
+    Raises:
+        ValueError: no differences, or ``mu <= 0``.
+    """
+    if not diffs or mu <= 0:
+        raise ValueError("spsa_gradient needs at least one difference and mu > 0")
+    scale = dim / (2.0 * mu * len(diffs))
+    out: list[torch.Tensor] | None = None
+    for diff, u in zip(diffs, directions):
+        terms = [v * (float(diff) * scale) for v in u]
+        out = terms if out is None else [a + b for a, b in zip(out, terms)]
+    assert out is not None
+    return out
+
+
+@torch.no_grad()
+def perturbed_outputs(model: nn.Module, x: torch.Tensor, seeds: Sequence[int], mu: float,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(h, h⁺, h⁻)``: ``model(x)`` unperturbed and at ``w ± μ u_p`` for each seed.
+
+    The model's weights are restored afterwards (up to float rounding of
+    ``w + μu − μu``, which is why the unperturbed pass comes first and the
+    weights are copied back).
+
+    Returns:
+        ``h`` ``[B, ...]``, ``h⁺`` and ``h⁻`` ``[P, B, ...]``.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    saved = [p.detach().clone() for p in params]
+    shapes = [p.shape for p in params]
+    h = model(x)
+    plus, minus = [], []
+    for seed in seeds:
+        u = direction(shapes, seed)
+        perturb_(model, u, mu)
+        plus.append(model(x))
+        perturb_(model, u, -2.0 * mu)
+        minus.append(model(x))
+        for p, s in zip(params, saved):
+            p.copy_(s)
+    return h, torch.stack(plus), torch.stack(minus)
