@@ -52,7 +52,8 @@ def markdown_table(frame: pd.DataFrame) -> str:
 
 
 def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None = None) -> pd.DataFrame:
-    """Mean ± std over seeds of each configuration (accuracies in %)."""
+    """Mean ± std over seeds of each configuration (accuracies in %); time and global
+    iterations to the target accuracy averaged over the seeds that reached it."""
     keys = [k for k in keys if k in table.columns] or ["strategy"]
     out = []
     for values, group in table.groupby(keys, sort=False):
@@ -61,8 +62,10 @@ def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None
         row["seeds"] = len(group)
         row["final acc. (%)"] = _fmt(group["final_accuracy"].mean(), group["final_accuracy"].std())
         row["best acc. (%)"] = _fmt(group["best_accuracy"].mean(), group["best_accuracy"].std())
-        tt = group["time_to_target_s"]
-        row["time to target (virtual s)"] = "–" if tt.isna().all() else f"{tt.mean():.1f}"
+        tt, it = group["time_to_target_s"], group["iterations_to_target"]
+        reached = f" ({int(tt.notna().sum())}/{len(group)} seeds)" if tt.notna().sum() < len(group) else ""
+        row["time to target (virtual s)"] = "–" if tt.isna().all() else f"{tt.mean():.1f}{reached}"
+        row["global iterations to target"] = "–" if it.isna().all() else f"{it.mean():.1f}{reached}"
         if paper:
             label = str(row.get("variant", row.get("strategy", "")))
             joined = "/".join(str(v) for v in values)
