@@ -28,6 +28,8 @@ for a later ``train.step``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -275,6 +277,22 @@ def _input_gradient_record(x: torch.Tensor, start: int) -> dict[str, ArrayRecord
     return {P.GRADIENT: P.tensor_record("g", x.grad)} if start > 0 else {}
 
 
+def _then(node: _Node, model: BlockModel, nxt: str, forward: Callable[[], RecordDict],
+          content: RecordDict | None = None) -> RecordDict:
+    """The rest of a reply after an update, by ``next``: the next forward's
+    records, the slot's weights, or (when nothing else is returned) an acknowledgement."""
+    content = content if content is not None else RecordDict()
+    if nxt == P.NEXT_FORWARD:
+        extra = forward()
+    elif nxt == P.NEXT_WEIGHTS:
+        extra = node.weights_reply(model)
+    else:
+        extra = RecordDict() if content else RecordDict({P.INFO: ConfigRecord({P.INFO_OK: True})})
+    for key, record in extra.items():
+        content[key] = record
+    return content
+
+
 @app.train("forward")
 def train_forward(msg: Message, context: Context) -> Message:
     """Run a block range of a slot on own data or a relayed input (see :class:`~fl_app.protocol.ForwardConfig`)."""
@@ -335,15 +353,8 @@ def train_backward(msg: Message, context: Context) -> Message:
     acts.backward(grad)
     slot.apply_gradients(model, cfg)
 
-    content = RecordDict(_input_gradient_record(x, start))
-    if cfg.next == P.NEXT_FORWARD:
-        for key, record in node.forward(slot, model, start, end, cfg.batch_size).items():
-            content[key] = record
-    elif cfg.next == P.NEXT_WEIGHTS:
-        for key, record in node.weights_reply(model).items():
-            content[key] = record
-    elif not content:
-        content[P.INFO] = ConfigRecord({P.INFO_OK: True})
+    content = _then(node, model, cfg.next, lambda: node.forward(slot, model, start, end, cfg.batch_size),
+                    RecordDict(_input_gradient_record(x, start)))
     return Message(content, reply_to=msg)
 
 
@@ -391,12 +402,8 @@ def train_zo_update(msg: Message, context: Context) -> Message:
     for p, g in zip((p for p in model.parameters() if p.requires_grad), grads):
         p.grad = g
     slot.step(model, slot.optimizer(model, cfg), cfg.clip_norm)
-    if cfg.next == P.NEXT_FORWARD:
-        content = node.zo_forward(slot, model, end, cfg.batch_size, len(cfg.diffs), cfg.smoothing)
-    elif cfg.next == P.NEXT_WEIGHTS:
-        content = node.weights_reply(model)
-    else:
-        content = RecordDict({P.INFO: ConfigRecord({P.INFO_OK: True})})
+    content = _then(node, model, cfg.next,
+                    lambda: node.zo_forward(slot, model, end, cfg.batch_size, len(cfg.diffs), cfg.smoothing))
     return Message(content, reply_to=msg)
 
 
