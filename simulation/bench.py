@@ -15,6 +15,8 @@ ratios (this machine is shared and noisy, so compare within one run):
   time per global iteration, each size in a fresh subprocess.
 * ``generation``: time per server update of sampling generated activations,
   straightforward vs. ours (see :mod:`simulation.bench_generation`).
+* ``memory``: peak client memory of one client step, zeroth-order against
+  first-order (see :mod:`simulation.bench_memory`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHMARKS = ("engine", "throughput", "scale", "generation")
+BENCHMARKS = ("engine", "throughput", "scale", "generation", "memory")
 FMNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "fashion-mnist"
 
 
@@ -161,5 +163,9 @@ def run_benchmarks(names: list[str], quick: bool = False, data_dir: str | None =
                 results[name] = bench_scale(tmp, quick, data_dir)
             elif name == "generation":
                 results[name] = bench_generation_cost(quick)
+            elif name == "memory":
+                from simulation import bench_memory
+
+                results[name] = bench_memory.run(quick)
             print(json.dumps(results[name], indent=2, default=str), flush=True)
     return results
