@@ -66,6 +66,12 @@ DEFAULTS: dict[str, Any] = {
     "zo-smoothing": 0.001,
     "server-steps": 1,
     "server-lr-split": 0.0,
+    # GAPSL
+    "gapsl-k-min": 0.2,
+    "gapsl-k-max": 0.8,
+    "gapsl-eta": 0.5,
+    "gapsl-lambda": 0.0005,
+    "gapsl-mode": "first-order",
     # run control
     "seed": 0,
     "eval-every": 1,
@@ -205,6 +211,10 @@ class RunConfig:
             raise ConfigError(f"aggregation must be 'data-size' or 'uniform', got '{self.aggregation}'")
         if self.get("client-optimizer") not in ("sgd", "zo"):
             raise ConfigError(f"client-optimizer must be 'sgd' or 'zo', got '{self.get('client-optimizer')}'")
+        if self.get("gapsl-mode") not in ("first-order", "exact"):
+            raise ConfigError(f"gapsl-mode must be 'first-order' or 'exact', got '{self.get('gapsl-mode')}'")
+        if not 0 < self.gapsl_k_min <= self.gapsl_k_max <= 1:
+            raise ConfigError(f"need 0 < gapsl-k-min <= gapsl-k-max <= 1, got {self.gapsl_k_min} and {self.gapsl_k_max}")
         if self.staleness not in ("none", "polynomial"):
             raise ConfigError(f"staleness must be 'none' or 'polynomial', got '{self.staleness}'")
 

@@ -11,16 +11,26 @@ server-side gradients ``g_i`` (one per client of the round):
 * GDA: angles to the leader (eq. 5), the adaptive threshold (eq. 6), the
   selected set ``Ŝ`` and the regulariser ``λ(1 − cos θ_i)`` of eq. 7.
 
-The strategy that uses them is not written yet (the parallel-SL issue): these
-are its tested building blocks.
+:class:`GAPSL` is PSL (per-client client-side models, one server-side model)
+whose server step uses them: the selected clients' regularised losses
+(eq. 8), with the regulariser's gradient in one of two modes
+(:func:`aligned_gradient`). Every client still receives its own ``∇_A L_i``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
+from fl_app.config import Option
+from fl_app.training import clip_and_step
+from strategies.base import SFLStrategy
+from strategies.psl import PSL, per_client_losses
+from strategies.registry import register
 
 
 def pairwise_angles(grads: torch.Tensor) -> torch.Tensor:
@@ -107,3 +117,90 @@ def alignment_penalty_gradient(g: torch.Tensor, lead: torch.Tensor) -> torch.Ten
     gn, ln = g.norm(), lead.norm()
     cos = (g @ lead) / (gn * ln)
     return -(lead / ln - cos * g / gn) / gn
+
+
+def flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The concatenation of ``tensors``, flattened (``[Σ numel]``)."""
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def aligned_gradient(losses: Sequence[torch.Tensor], params: Sequence[torch.Tensor], selected: Sequence[int],
+                     lead: torch.Tensor, lam: float, mode: str) -> torch.Tensor:
+    """The gradient of eq. 8, ``Σ_{i∈Ŝ} [L_i + λ(1 − cos(g_i, g_lead))]``, flattened like ``params``.
+
+    Modes:
+        ``"exact"``: double back-propagation through ``g_i = ∇L_i`` (eq. 7 as
+            written); the paper's text.
+        ``"first-order"``: ``Σ_{i∈Ŝ} [g_i + λ ∂(1 − cos)/∂g_i]``, i.e. the
+            Hessian of ``L_i`` taken as the identity; equal to ``"exact"`` when
+            it is (a quadratic ``½‖w − c‖²``). The paper's implementation
+            (footnote 6) detaches ``g_i`` and ``g_lead``, which makes the
+            regulariser's gradient zero: that is ``λ = 0`` here.
+
+    Raises:
+        ValueError: unknown mode.
+    """
+    if mode not in ("exact", "first-order"):
+        raise ValueError(f"unknown GAPSL mode {mode!r}; choose exact or first-order")
+    total = torch.zeros_like(flat([p.detach() for p in params]))
+    for i in selected:
+        if mode == "exact" and lam:
+            g = flat(torch.autograd.grad(losses[i], params, retain_graph=True, create_graph=True))
+            penalty = 1 - (g @ lead) / (g.norm() * lead.norm())
+            total += flat(torch.autograd.grad(losses[i] + lam * penalty, params, retain_graph=True))
+        else:
+            g = flat(torch.autograd.grad(losses[i], params, retain_graph=True))
+            total += g + (lam * alignment_penalty_gradient(g, lead) if lam else 0.0)
+    return total
+
+
+@register
+class GAPSL(PSL):
+    """GAPSL: PSL whose server step follows the leader gradient (LGI) and aligns the selected clients (GDA)."""
+
+    name = "gapsl"
+    options = (
+        Option("gapsl-k-min", 0.2, "LGI: lower bound K_min of the selection ratio (eq. 2)"),
+        Option("gapsl-k-max", 0.8, "LGI: upper bound K_max of the selection ratio (eq. 2)"),
+        Option("gapsl-eta", 0.5, "GDA: threshold sensitivity η of eq. 6 (not stated in the paper)"),
+        Option("gapsl-lambda", 0.0005, "GDA: regularisation coefficient λ of eq. 7 (paper: 5e-4 VGG-16, 3e-5 ViT)"),
+        Option("gapsl-mode", "first-order", "GDA regulariser gradient: first-order (Hessian as identity) or exact "
+               "(double back-propagation)", ("first-order", "exact")),
+    )
+
+    def initialize(self) -> None:
+        """PSL's state plus the running dispersion extremes of eq. 2."""
+        super().initialize()
+        c = self.cfg
+        self.ratio = SelectionRatio(c.gapsl_k_min, c.gapsl_k_max, c.global_iterations)
+        self.last_selected = 0
+
+    def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
+        """LGI and GDA on the per-client server-side gradients, one step on eq. 8; ``∇_{A_i} L_i`` back."""
+        c = self.cfg
+        pids, xs, losses = per_client_losses(self.server_model, batches)
+        for p, loss in zip(pids, losses):
+            SFLStrategy.check_loss(loss.detach(), f"server step (client {p})")
+        params = [p for p in self.server_model.parameters() if p.requires_grad]
+        grads = torch.stack([flat(torch.autograd.grad(loss, params, retain_graph=True)) for loss in losses])
+        act_grads = torch.autograd.grad(sum(losses), xs, retain_graph=True)
+        if len(pids) > 1:
+            scores = consistency_scores(grads)
+            lead, _ = leader_gradient(grads, scores, self.ratio(scores, self.global_iteration))
+            _, _, selected = alignment(grads, lead.to(grads.dtype), c.gapsl_eta)
+        else:
+            lead, selected = grads[0], [0]
+        self.last_selected = len(selected)
+        if selected:
+            total = aligned_gradient(losses, params, selected, lead.detach(), c.gapsl_lambda, c.gapsl_mode)
+            start = 0
+            for p in params:
+                p.grad = total[start:start + p.numel()].view_as(p).to(p.dtype)
+                start += p.numel()
+            clip_and_step(self.server_model, self.server_opt, c.clip_norm)
+            self.server_updates += 1
+        return {p: g.detach() for p, g in zip(pids, act_grads)}
+
+    def extra_metrics(self) -> dict[str, float]:
+        """How many clients GDA selected in the last server step."""
+        return {"gda_selected": float(self.last_selected)}

@@ -82,3 +82,47 @@ def test_penalty_gradient_matches_autograd():
     assert torch.allclose(alignment_penalty_gradient(g.detach(), lead), auto, atol=1e-12)
     # no correction once aligned
     assert torch.allclose(alignment_penalty_gradient(2 * lead, lead), torch.zeros(3, dtype=torch.float64), atol=1e-12)
+
+
+def test_regulariser_modes_agree_when_the_hessian_is_the_identity():
+    """With L_i = ½‖w − c_i‖² (Hessian I), the first-order mode equals double back-propagation;
+    with λ = 0 both are Σ_{i∈Ŝ} g_i; on a non-quadratic loss they differ only by O(λ)."""
+    from strategies.gapsl import aligned_gradient
+
+    w = torch.tensor([0.2, -0.4, 1.0], dtype=torch.float64, requires_grad=True)
+    cs = [torch.tensor(v, dtype=torch.float64) for v in ([1.0, 0.0, 0.5], [-0.3, 0.8, 0.1], [0.4, 0.4, -1.0])]
+    losses = [0.5 * ((w - c) ** 2).sum() for c in cs]
+    lead = torch.tensor([0.5, 0.5, 0.2], dtype=torch.float64)
+    exact = aligned_gradient(losses, [w], [0, 2], lead, 0.3, "exact")
+    first = aligned_gradient(losses, [w], [0, 2], lead, 0.3, "first-order")
+    plain = (w - cs[0]) + (w - cs[2])
+    assert torch.allclose(exact, first, atol=1e-12)
+    assert not torch.allclose(exact, plain.detach(), atol=1e-3)  # the regulariser does act
+    assert torch.allclose(aligned_gradient(losses, [w], [0, 2], lead, 0.0, "exact"), plain.detach())
+    # a quartic loss: the modes differ, by an amount that shrinks linearly with λ
+    quartic = [((w - c) ** 4).sum() for c in cs]
+    gaps = [float((aligned_gradient(quartic, [w], [0, 1], lead, lam, "exact")
+                   - aligned_gradient(quartic, [w], [0, 1], lead, lam, "first-order")).norm()) for lam in (1e-2, 1e-3)]
+    assert gaps[0] > 0 and gaps[1] == pytest.approx(gaps[0] / 10, rel=1e-6)
+    with pytest.raises(ValueError):
+        aligned_gradient(losses, [w], [0], lead, 0.1, "second")
+
+
+@pytest.mark.parametrize("mode", ["first-order", "exact"])
+def test_gapsl_runs_and_learns(mode, tmp_path):
+    import json
+
+    from simulation.cli import main
+    from tests.conftest import cli_args, read_metrics
+
+    out = tmp_path / mode
+    run = {"strategy": "gapsl", "gapsl-mode": mode, "dataset": "mnist-5k", "model": "lenet5", "cut-layer": 3,
+           "num-clients": 4, "concurrency": 4, "partition": "iid", "global-iterations": 2, "local-iterations": 15,
+           "batch-size": 16, "heterogeneity": "none", "seed": 0}
+    assert main(cli_args({**run, "output-dir": out}, "-q")) == 0
+    rows = read_metrics(out / "metrics.csv")
+    summary = json.loads((out / "summary.json").read_text())
+    assert float(rows[-1]["test_loss"]) < float(rows[0]["test_loss"])
+    assert float(rows[-1]["test_accuracy"]) > float(rows[0]["test_accuracy"]) + 0.1
+    assert 1 <= float(rows[-1]["gda_selected"]) <= 4
+    assert 0 < summary["server_updates"] <= 2 * 15
