@@ -72,6 +72,8 @@ DEFAULTS: dict[str, Any] = {
     "gapsl-eta": 0.5,
     "gapsl-lambda": 0.0005,
     "gapsl-mode": "first-order",
+    "gapsl-lgi": "on",
+    "gapsl-gda": "on",
     # run control
     "seed": 0,
     "eval-every": 1,
@@ -213,6 +215,9 @@ class RunConfig:
             raise ConfigError(f"client-optimizer must be 'sgd' or 'zo', got '{self.get('client-optimizer')}'")
         if self.get("gapsl-mode") not in ("first-order", "exact"):
             raise ConfigError(f"gapsl-mode must be 'first-order' or 'exact', got '{self.get('gapsl-mode')}'")
+        for key in ("gapsl-lgi", "gapsl-gda"):
+            if self.get(key) not in ("on", "none", "random"):
+                raise ConfigError(f"{key} must be 'on', 'none' or 'random', got '{self.get(key)}'")
         if not 0 < self.gapsl_k_min <= self.gapsl_k_max <= 1:
             raise ConfigError(f"need 0 < gapsl-k-min <= gapsl-k-max <= 1, got {self.gapsl_k_min} and {self.gapsl_k_max}")
         if self.staleness not in ("none", "polynomial"):

@@ -23,14 +23,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
-from torch import nn
 
 from fl_app.config import Option
 from fl_app.training import clip_and_step
 from strategies.base import SFLStrategy
 from strategies.psl import PSL, per_client_losses
 from strategies.registry import register
+
+#: Seed stream of the Rand-LGI / Rand-GDA ablations.
+STREAM_ABLATION = 29
 
 
 def pairwise_angles(grads: torch.Tensor) -> torch.Tensor:
@@ -166,6 +169,11 @@ class GAPSL(PSL):
         Option("gapsl-lambda", 0.0005, "GDA: regularisation coefficient λ of eq. 7 (paper: 5e-4 VGG-16, 3e-5 ViT)"),
         Option("gapsl-mode", "first-order", "GDA regulariser gradient: first-order (Hessian as identity) or exact "
                "(double back-propagation)", ("first-order", "exact")),
+        Option("gapsl-lgi", "on", "ablation (Fig. 20): leader from the most consistent clients (on), from all "
+               "(none: Non-LGI) or from a random subset of the same size (random: Rand-LGI)", ("on", "none", "random")),
+        Option("gapsl-gda", "on", "ablation (Fig. 21): align the clients within the threshold (on), none, the "
+               "server steps on the leader gradient (Non-GDA), or a random subset of the same size (random: Rand-GDA)",
+               ("on", "none", "random")),
     )
 
     def initialize(self) -> None:
@@ -174,6 +182,7 @@ class GAPSL(PSL):
         c = self.cfg
         self.ratio = SelectionRatio(c.gapsl_k_min, c.gapsl_k_max, c.global_iterations)
         self.last_selected = 0
+        self.ablation_rng = np.random.default_rng([c.seed, STREAM_ABLATION])
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
         """LGI and GDA on the per-client server-side gradients, one step on eq. 8; ``∇_{A_i} L_i`` back."""
@@ -185,14 +194,16 @@ class GAPSL(PSL):
         grads = torch.stack([flat(torch.autograd.grad(loss, params, retain_graph=True)) for loss in losses])
         act_grads = torch.autograd.grad(sum(losses), xs, retain_graph=True)
         if len(pids) > 1:
-            scores = consistency_scores(grads)
-            lead, _ = leader_gradient(grads, scores, self.ratio(scores, self.global_iteration))
-            _, _, selected = alignment(grads, lead.to(grads.dtype), c.gapsl_eta)
+            lead, selected = self.leader_and_selection(grads)
         else:
             lead, selected = grads[0], [0]
         self.last_selected = len(selected)
-        if selected:
+        total = None
+        if c.gapsl_gda == "none":  # Non-GDA: the server steps on the leader gradient alone
+            total = lead.detach()
+        elif selected:
             total = aligned_gradient(losses, params, selected, lead.detach(), c.gapsl_lambda, c.gapsl_mode)
+        if total is not None:
             start = 0
             for p in params:
                 p.grad = total[start:start + p.numel()].view_as(p).to(p.dtype)
@@ -200,6 +211,23 @@ class GAPSL(PSL):
             clip_and_step(self.server_model, self.server_opt, c.clip_norm)
             self.server_updates += 1
         return {p: g.detach() for p, g in zip(pids, act_grads)}
+
+    def leader_and_selection(self, grads: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """LGI's leader gradient and GDA's selected rows, or their ablations (``gapsl-lgi``, ``gapsl-gda``)."""
+        c, n = self.cfg, grads.shape[0]
+        scores = consistency_scores(grads)
+        ratio = self.ratio(scores, self.global_iteration)
+        if c.gapsl_lgi == "none":
+            ratio = 1.0
+        elif c.gapsl_lgi == "random":
+            k = max(1, math.ceil(ratio * n - 1e-9))
+            scores = torch.as_tensor(self.ablation_rng.permutation(n), dtype=torch.float64)  # a random order
+            ratio = k / n
+        lead, _ = leader_gradient(grads, scores, ratio)
+        _, _, selected = alignment(grads, lead.to(grads.dtype), c.gapsl_eta)
+        if c.gapsl_gda == "random":
+            selected = sorted(int(i) for i in self.ablation_rng.choice(n, size=len(selected), replace=False))
+        return lead, selected
 
     def extra_metrics(self) -> dict[str, float]:
         """How many clients GDA selected in the last server step."""

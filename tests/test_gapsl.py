@@ -126,3 +126,33 @@ def test_gapsl_runs_and_learns(mode, tmp_path):
     assert float(rows[-1]["test_accuracy"]) > float(rows[0]["test_accuracy"]) + 0.1
     assert 1 <= float(rows[-1]["gda_selected"]) <= 4
     assert 0 < summary["server_updates"] <= 2 * 15
+
+
+def _gapsl(**overrides):
+    from fl_app.task import load_task
+    from simulation.clock import VirtualClock
+    from strategies.clock import ZeroTiming
+    from strategies.gapsl import GAPSL
+    from tests.conftest import make_cfg
+
+    cfg = make_cfg(strategy="gapsl", model="lenet5", cut_layer=3, global_iterations=10, gapsl_eta=0.5, **overrides)
+    s = GAPSL(cfg, load_task(cfg), clock=VirtualClock(), timing=ZeroTiming(), progress=False)
+    s.initialize()
+    return s
+
+
+def test_lgi_and_gda_ablations_on_the_hand_example():
+    # t = 0: K = K_min = 0.2, so LGI takes ⌈0.8⌉ = 1 client, the first of the two 5π/12 scores: g2
+    lead, selected = _gapsl().leader_and_selection(G.double())
+    assert torch.allclose(lead, G[1].double())
+    # angles to g2: π/2, 0, π/4, π/2; mean 5π/16, std √11·π/16, so θ_th = (5 − 0.5·√11)π/16 ≈ 0.656 < π/4
+    assert selected == [1]
+    # Non-LGI: the leader is the mean of all four, (0.25, 0.5)
+    lead, _ = _gapsl(gapsl_lgi="none").leader_and_selection(G.double())
+    assert torch.allclose(lead, torch.tensor([0.25, 0.5], dtype=torch.float64))
+    # Rand-LGI: one client (the same K), drawn from the seeded stream, not necessarily the most consistent
+    leads = {tuple(_gapsl(gapsl_lgi="random", seed=s).leader_and_selection(G.double())[0].tolist()) for s in range(8)}
+    assert len(leads) > 1 and all(any(torch.equal(torch.tensor(l), g) for g in G.double()) for l in leads)
+    # Rand-GDA: as many clients as GDA selects (one here), at random
+    picks = {tuple(_gapsl(gapsl_gda="random", seed=s).leader_and_selection(G.double())[1]) for s in range(8)}
+    assert all(len(p) == 1 for p in picks) and len(picks) > 1
