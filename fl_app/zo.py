@@ -93,8 +93,12 @@ def spsa_gradient(diffs: Sequence[float], directions: Iterable[Sequence[torch.Te
 
 @torch.no_grad()
 def perturbed_outputs(model: nn.Module, x: torch.Tensor, seeds: Sequence[int], mu: float,
+                      directions: list[list[torch.Tensor]] | None = None,
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(h, h⁺, h⁻)``: ``model(x)`` unperturbed and at ``w ± μ u_p`` for each seed.
+
+    The ``u_p`` are appended to ``directions`` when a list is given (so a
+    caller that forms the estimate does not draw them twice).
 
     The model's weights are restored afterwards (up to float rounding of
     ``w + μu − μu``, which is why the unperturbed pass comes first and the
@@ -110,6 +114,8 @@ def perturbed_outputs(model: nn.Module, x: torch.Tensor, seeds: Sequence[int], m
     plus, minus = [], []
     for seed in seeds:
         u = direction(shapes, seed)
+        if directions is not None:
+            directions.append(u)
         perturb_(model, u, mu)
         plus.append(model(x))
         perturb_(model, u, -2.0 * mu)

@@ -403,7 +403,8 @@ class ExponentialModel(DeviceModel):
     Every device computes at :data:`DEFAULT_FLOPS_PER_S` (5e9 FLOP/s) and
     communication is free (infinite rates; ``downlink`` is ignored), but the
     profile is marked ``straggler="exponential"``: :class:`DeviceTiming`
-    multiplies each exchange's compute time by an ``Exp(1)`` draw.
+    multiplies each exchange's compute time by an ``Exp(λ)`` draw
+    (``straggler-rate`` λ, default 1: mean 1).
     """
 
     name = "exponential"

@@ -309,13 +309,11 @@ class SFLStrategy(Strategy):
             the dispatcher's :class:`~strategies.dispatcher.Pending` entry.
         """
         assert self.dispatcher is not None
-        down = sum(P.record_bytes(r) for r in request.content.array_records.values())
         if request.metered:
-            self.bytes_down += down
-        bits_down = 8.0 * down if request.bits_down is None else request.bits_down
+            self.bytes_down += request.payload_bytes
         draw = self._draws[pid]
         self._draws[pid] += 1
-        duration = self.timing.duration(pid, request.flops, request.bits_up, bits_down, draw)
+        duration = self.timing.duration(pid, request.flops, request.bits_up, request.download_bits, draw)
         return self.dispatcher.send(pid, request, duration)
 
     def expected_duration(self, pid: int, request: Request) -> float:
@@ -325,9 +323,7 @@ class SFLStrategy(Strategy):
         RingSFL's propagation lengths). Random straggler delays are replaced by
         their mean; nothing is sent and no random draw is consumed.
         """
-        down = sum(P.record_bytes(r) for r in request.content.array_records.values())
-        bits_down = 8.0 * down if request.bits_down is None else request.bits_down
-        return self.timing.duration(pid, request.flops, request.bits_up, bits_down, None)
+        return self.timing.duration(pid, request.flops, request.bits_up, request.download_bits, None)
 
     def receive(self, until: float | None = None) -> Reply | None:
         """The next reply in clock order (see :meth:`Dispatcher.next_reply`).

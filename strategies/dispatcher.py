@@ -34,6 +34,7 @@ from typing import Any
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
+from fl_app import protocol as P
 from strategies.clock import Clock
 
 
@@ -60,6 +61,16 @@ class Request:
     bits_down: float | None = None
     tag: Any = None
     metered: bool = True
+
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes of the content's arrays (what ``bytes_down`` counts)."""
+        return sum(P.record_bytes(r) for r in self.content.array_records.values())
+
+    @property
+    def download_bits(self) -> float:
+        """Bits the node downloads: ``bits_down``, or the array payload."""
+        return 8.0 * self.payload_bytes if self.bits_down is None else self.bits_down
 
 
 SCHEDULED, DONE, CANCELLED = "scheduled", "done", "cancelled"

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from fl_app.config import Option
-from fl_app.zo import STREAM_ZO_SERVER, direction, perturb_, shapes_of, spsa_gradient, zo_seed
+from fl_app.zo import STREAM_ZO_SERVER, perturbed_outputs, spsa_gradient, zo_seed
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.registry import register
 from strategies.split import ZO_OPTIONS, SyncSplitStrategy, copy_model
@@ -48,20 +48,10 @@ def zo_server_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seeds: li
         the loss at ``w`` before the step.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    shapes = shapes_of(model)
-    saved = [p.clone() for p in params]
-    loss = float(nn.functional.cross_entropy(model(x), y))
-    diffs, dirs = [], []
-    for seed in seeds:
-        u = direction(shapes, seed)
-        perturb_(model, u, mu)
-        plus = nn.functional.cross_entropy(model(x), y)
-        perturb_(model, u, -2.0 * mu)
-        minus = nn.functional.cross_entropy(model(x), y)
-        for p, s in zip(params, saved):
-            p.copy_(s)
-        diffs.append(float(plus - minus))
-        dirs.append(u)
+    dirs: list[list[torch.Tensor]] = []
+    logits, plus, minus = perturbed_outputs(model, x, seeds, mu, dirs)
+    loss = float(nn.functional.cross_entropy(logits, y))
+    diffs = [float(nn.functional.cross_entropy(a, y) - nn.functional.cross_entropy(b, y)) for a, b in zip(plus, minus)]
     grads = spsa_gradient(diffs, dirs, mu, sum(p.numel() for p in params))
     norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
     factor = min(1.0, clip_norm / (norm + 1e-6)) if clip_norm > 0 else 1.0
