@@ -44,6 +44,10 @@ DEFAULTS: dict[str, Any] = {
     "local-iterations": 20,
     "batch-size": 32,
     "lr": 0.01,
+    "client-lr": 0.0,
+    "server-lr-split": 0.0,
+    "optimizer": "sgd",
+    "init": "default",
     "momentum": 0.9,
     "weight-decay": 0.0005,
     "clip-norm": 10.0,
@@ -65,7 +69,6 @@ DEFAULTS: dict[str, Any] = {
     "perturbations": 1,
     "zo-smoothing": 0.001,
     "server-steps": 1,
-    "server-lr-split": 0.0,
     # GAPSL
     "gapsl-k-min": 0.2,
     "gapsl-k-max": 0.8,
@@ -74,6 +77,16 @@ DEFAULTS: dict[str, Any] = {
     "gapsl-mode": "first-order",
     "gapsl-lgi": "on",
     "gapsl-gda": "on",
+    # EPSL and S2FL
+    "epsl-phi": 0.5,
+    "s2fl-cuts": "1:2",
+    "s2fl-groups": 2,
+    # RingSFL and the order of vanilla SL
+    "ring-lengths": "",
+    "ring-version": 2,
+    "d2d-rate": 135.0,
+    "drop-per-round": 0,
+    "sl-order": "client",
     # run control
     "seed": 0,
     "eval-every": 1,
@@ -92,7 +105,7 @@ DEFAULTS: dict[str, Any] = {
 CORE_KEYS: tuple[str, ...] = (
     "strategy", "dataset", "data-dir", "model", "cut-layer", "num-clients", "concurrency",
     "partition", "alpha", "shards", "min-partition-size", "heterogeneity", "batch-parallel",
-    "downlink", "straggler-rate", "global-iterations", "local-iterations", "batch-size", "lr", "momentum",
+    "downlink", "straggler-rate", "global-iterations", "local-iterations", "batch-size", "lr", "client-lr", "server-lr-split", "optimizer", "init", "momentum",
     "weight-decay", "clip-norm", "seed", "eval-every", "eval-samples", "target-accuracy",
     "max-virtual-time", "clock", "node-timeout", "output-dir",
 )
@@ -197,10 +210,12 @@ class RunConfig:
         for key in ["lr", "alpha", "server-lr", "node-timeout", "zo-smoothing", "straggler-rate"]:
             if not self._values[key] > 0:
                 raise ConfigError(f"{key} must be > 0, got {self._values[key]}")
-        for key in ["momentum", "weight-decay", "clip-norm", "target-accuracy", "max-virtual-time", "server-lr-split"]:
+        for key in ["momentum", "weight-decay", "clip-norm", "target-accuracy", "max-virtual-time", "server-lr-split",
+                    "client-lr"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
-        for key in ["buffer-activations", "buffer-models", "fl-buffer", "eval-every", "eval-samples", "dissimilarity-every", "seed", "min-partition-size"]:
+        for key in ["buffer-activations", "buffer-models", "fl-buffer", "eval-every", "eval-samples", "dissimilarity-every", "seed", "min-partition-size",
+                    "drop-per-round"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
         if self.concurrency > self.num_clients:
@@ -220,6 +235,18 @@ class RunConfig:
                 raise ConfigError(f"{key} must be 'on', 'none' or 'random', got '{self.get(key)}'")
         if not 0 < self.gapsl_k_min <= self.gapsl_k_max <= 1:
             raise ConfigError(f"need 0 < gapsl-k-min <= gapsl-k-max <= 1, got {self.gapsl_k_min} and {self.gapsl_k_max}")
+        for key, choices in (("optimizer", ("sgd", "adamw")), ("init", ("default", "paper")),
+                             ("sl-order", ("client", "batch"))):
+            if self.get(key) not in choices:
+                raise ConfigError(f"{key} must be one of {', '.join(choices)}; got '{self.get(key)}'")
+        if not 0 <= self.epsl_phi <= 1:
+            raise ConfigError(f"epsl-phi must be in [0, 1], got {self.epsl_phi}")
+        if self.s2fl_groups < 1:
+            raise ConfigError(f"s2fl-groups must be >= 1, got {self.s2fl_groups}")
+        if self.ring_version not in (1, 2):
+            raise ConfigError(f"ring-version must be 1 or 2, got {self.ring_version}")
+        if not self.d2d_rate > 0:
+            raise ConfigError(f"d2d-rate must be > 0 (Mbit/s), got {self.d2d_rate}")
         if self.staleness not in ("none", "polynomial"):
             raise ConfigError(f"staleness must be 'none' or 'polynomial', got '{self.staleness}'")
 

@@ -68,7 +68,6 @@ class MUSplitFed(SyncSplitStrategy):
     options = (
         Option("server-steps", 1, "τ: ZO updates of a client's server-side copy per exchange"),
         *ZO_OPTIONS,
-        Option("server-lr-split", 0.0, "server-side learning rate η_s (0 = lr/τ)"),
         Option("server-lr", 1.0, "global learning rate η_g of eq. 7"),
         AGGREGATION_OPTION,
     )
