@@ -144,9 +144,9 @@ class _Slot:
         self.put("weights", record)
         self.drop("optimizer", "accum")
 
-    def optimizer(self, model: BlockModel, cfg: P.OptimizerConfig) -> torch.optim.SGD:
-        """SGD over ``model`` with the message's settings and the slot's momentum buffers."""
-        opt = make_sgd(model, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.lr_scale)
+    def optimizer(self, model: BlockModel, cfg: P.OptimizerConfig) -> torch.optim.Optimizer:
+        """The message's optimizer (SGD or AdamW) over ``model``, with the slot's saved state."""
+        opt = make_sgd(model, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.lr_scale, kind=cfg.optimizer)
         load_optimizer(model, opt, self.array("optimizer"))
         return opt
 
@@ -417,7 +417,7 @@ def train_fit(msg: Message, context: Context) -> Message:
     loss = local_fit(
         model, node.task, node.partition_id, node.config(SAMPLER_KEY),
         iterations=cfg.local_iterations, batch_size=cfg.batch_size, clip_norm=cfg.clip_norm,
-        lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+        lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, optimizer=cfg.optimizer,
     )
     info = ConfigRecord({P.INFO_NUM_EXAMPLES: node.task.num_examples(node.partition_id), P.INFO_TRAIN_LOSS: loss})
     return Message(RecordDict({P.WEIGHTS: P.state_record(model.state_dict()), P.INFO: info}), reply_to=msg)

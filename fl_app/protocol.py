@@ -163,6 +163,7 @@ class OptimizerConfig(ActionConfig):
         lr_scale: per-block learning-rate multipliers for the slot's blocks
             ``[start, end)`` (empty = all 1). RingSFL v2 (eq. 7) multiplies an
             overlapping block's rate by its overlap count.
+        optimizer: ``"sgd"`` or ``"adamw"`` (``momentum`` then unused).
     """
 
     lr: float = 0.01
@@ -170,6 +171,7 @@ class OptimizerConfig(ActionConfig):
     weight_decay: float = 0.0
     clip_norm: float = 0.0
     lr_scale: tuple[float, ...] = ()
+    optimizer: str = "sgd"
 
 
 @dataclass(frozen=True)

@@ -23,26 +23,40 @@ STREAM_SAMPLER = 7
 STREAM_AUGMENT = 11
 
 
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
+"""Optimizer names of the ``optimizer`` run-config key."""
+
+
 def make_sgd(model: nn.Module, lr: float, momentum: float, weight_decay: float,
-             lr_scale: Sequence[float] = ()) -> torch.optim.SGD:
-    """SGD over ``model``'s parameters (the GAS paper's optimiser).
+             lr_scale: Sequence[float] = (), kind: str = "sgd") -> torch.optim.Optimizer:
+    """SGD (the GAS paper's optimiser) or AdamW over ``model``'s parameters.
 
     Args:
         lr_scale: per-block learning-rate multipliers of a
             :class:`~fl_app.models.BlockModel` (one per block, in order; empty:
             one group at ``lr``). RingSFL v2 (eq. 7) scales an overlapping
             block's rate by its overlap count.
+        kind: ``"sgd"`` (with ``momentum``) or ``"adamw"`` (default betas,
+            decoupled ``weight_decay``; ``momentum`` unused), GAPSL's choice
+            for its ViT.
 
     Raises:
-        ValueError: ``lr_scale`` does not have one entry per block.
+        ValueError: ``lr_scale`` does not have one entry per block, or an
+            unknown ``kind``.
     """
+    if kind not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {kind!r}; choose one of {', '.join(OPTIMIZERS)}")
     if not lr_scale:
-        return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    blocks = list(model.blocks.values())
-    if len(lr_scale) != len(blocks):
-        raise ValueError(f"lr-scale has {len(lr_scale)} entries for {len(blocks)} blocks")
-    groups = [{"params": list(b.parameters()), "lr": lr * float(s)} for b, s in zip(blocks, lr_scale)]
-    return torch.optim.SGD([g for g in groups if g["params"]], lr=lr, momentum=momentum, weight_decay=weight_decay)
+        params: list = list(model.parameters())
+    else:
+        blocks = list(model.blocks.values())
+        if len(lr_scale) != len(blocks):
+            raise ValueError(f"lr-scale has {len(lr_scale)} entries for {len(blocks)} blocks")
+        groups = [{"params": list(b.parameters()), "lr": lr * float(s)} for b, s in zip(blocks, lr_scale)]
+        params = [g for g in groups if g["params"]]
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
 def accumulate_gradients(model: nn.Module, record: ArrayRecord | None, weight: float) -> ArrayRecord:
@@ -78,29 +92,38 @@ def load_gradients(model: nn.Module, record: ArrayRecord | None) -> bool:
     return bool(acc)
 
 
-def optimizer_record(model: nn.Module, opt: torch.optim.Optimizer) -> ArrayRecord:
-    """The optimizer's momentum buffers keyed by parameter name.
+def _state_key(name: str, entry: str) -> str:
+    """Record key of one optimizer-state tensor: SGD's momentum buffer under the parameter's name,
+    other entries (AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``) as ``name|entry``."""
+    return name if entry == "momentum_buffer" else f"{name}|{entry}"
 
-    Parameters without a buffer (before the first step) are left out.
+
+def optimizer_record(model: nn.Module, opt: torch.optim.Optimizer) -> ArrayRecord:
+    """The optimizer's per-parameter state tensors keyed by parameter name (see :func:`_state_key`).
+
+    Parameters without state (before the first step) are left out.
     """
     names = {id(p): n for n, p in model.named_parameters()}
     bufs = {}
     for group in opt.param_groups:
         for p in group["params"]:
-            buf = opt.state.get(p, {}).get("momentum_buffer")
-            if buf is not None:
-                bufs[names[id(p)]] = buf
+            for entry, value in opt.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    bufs[_state_key(names[id(p)], entry)] = value
     return state_record(bufs)
 
 
 def load_optimizer(model: nn.Module, opt: torch.optim.Optimizer, record: ArrayRecord | None) -> None:
-    """Restore momentum buffers saved by :func:`optimizer_record`."""
+    """Restore the state saved by :func:`optimizer_record`."""
     if record is None:
         return
     bufs = record_state(record)
     for name, p in model.named_parameters():
-        if name in bufs:
-            opt.state[p]["momentum_buffer"] = bufs[name]
+        for key, value in bufs.items():
+            if key == name:
+                opt.state[p]["momentum_buffer"] = value
+            elif key.startswith(name + "|"):
+                opt.state[p][key[len(name) + 1:]] = value
 
 
 def clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, clip_norm: float) -> None:
@@ -164,6 +187,7 @@ def local_fit(
     momentum: float,
     weight_decay: float,
     clip_norm: float,
+    optimizer: str = "sgd",
 ) -> float:
     """Full-model local training (FL baselines): ``iterations`` SGD steps.
 
@@ -173,7 +197,7 @@ def local_fit(
     Returns:
         the mean training loss over the steps.
     """
-    opt = make_sgd(model, lr, momentum, weight_decay)
+    opt = make_sgd(model, lr, momentum, weight_decay, kind=optimizer)
     model.train()
     total = 0.0
     for _ in range(iterations):

@@ -47,8 +47,9 @@ class FullModelMixin(SFLStrategy):
         c = self.cfg
         n = self.costs.num_blocks
         flops = c.local_iterations * (self.costs.flops(0, n, c.batch_size, forward=True, backward=True))
-        config = P.FitConfig(local_iterations=c.local_iterations, batch_size=c.batch_size, lr=c.lr,
-                             momentum=c.momentum, weight_decay=c.weight_decay, clip_norm=c.clip_norm)
+        config = P.FitConfig(local_iterations=c.local_iterations, batch_size=c.batch_size, lr=c.client_lr or c.lr,
+                             momentum=c.momentum, weight_decay=c.weight_decay, clip_norm=c.clip_norm,
+                             optimizer=c.optimizer)
         content = RecordDict({P.WEIGHTS: weights, P.CONFIG: config.to_record()})
         return Request(P.TRAIN_FIT, content, flops, self.costs.param_bits(0, n))
 

@@ -78,7 +78,7 @@ class MUSplitFed(SyncSplitStrategy):
         return True
 
     @property
-    def server_lr(self) -> float:
+    def server_side_lr(self) -> float:
         """η_s: ``server-lr-split``, or ``lr / τ``."""
         c = self.cfg
         return c.server_lr_split or c.lr / c.server_steps
@@ -94,7 +94,7 @@ class MUSplitFed(SyncSplitStrategy):
             x, y = batches[pid]
             for _ in range(c.server_steps):
                 seeds = [zo_seed(c.seed, STREAM_ZO_SERVER, pid, self.server_updates, p) for p in range(c.perturbations)]
-                loss = zo_server_step(self.copies[pid], x, y, seeds, c.zo_smoothing, self.server_lr, c.clip_norm)
+                loss = zo_server_step(self.copies[pid], x, y, seeds, c.zo_smoothing, self.server_side_lr, c.clip_norm)
                 self.check_loss(torch.tensor(loss), "server ZO step")
                 self.server_updates += 1
             feedback[pid] = self.feedback(self.copies[pid], y, None, pid)

@@ -11,22 +11,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fl_app.config import Option
 from strategies.base import SFLStrategy
 from strategies.registry import register
 from strategies.split import PerClientModels
 from fl_app.training import clip_and_step
 
 
-def per_client_losses(model: nn.Module, batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
-                      ) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor]]:
+def per_client_logits(model: nn.Module, batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                      ) -> tuple[list[int], list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
     """Run the server-side model once on the cohort's concatenated activations.
 
     Args:
         batches: ``pid -> (activations [B_k, ...], labels [B_k])``.
 
     Returns:
-        ``(pids, inputs, losses)``: pids ascending; each client's activations
-        as a leaf that requires grad; each client's mean cross-entropy ``L_k``
+        ``(pids, inputs, logits, losses)``: pids ascending; each client's
+        activations as a leaf that requires grad; the logits ``[ΣB_k,
+        classes]`` in pid order; each client's mean cross-entropy ``L_k``
         (scalars in the autograd graph of the server-side parameters).
     """
     pids = sorted(batches)
@@ -37,7 +39,38 @@ def per_client_losses(model: nn.Module, batches: dict[int, tuple[torch.Tensor, t
         b = x.shape[0]
         losses.append(nn.functional.cross_entropy(logits[start:start + b], batches[p][1]))
         start += b
+    return pids, xs, logits, losses
+
+
+def per_client_losses(model: nn.Module, batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                      ) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor]]:
+    """``(pids, inputs, losses)`` of :func:`per_client_logits`."""
+    pids, xs, _, losses = per_client_logits(model, batches)
     return pids, xs, losses
+
+
+def aggregate_last_layer_gradients(grads: list[torch.Tensor], phi: float) -> list[torch.Tensor]:
+    """EPSL's partial aggregation of last-layer activation gradients (Lin et al. 2023).
+
+    The first ``n = floor(φ · min_k B_k)`` rows of every client's gradient are
+    replaced by their mean over the clients (row ``j`` of the result is
+    ``(1/C) Σ_k G_k[j]`` for ``j < n``); the other rows stay each client's own.
+
+    Args:
+        grads: per client, ``∂L/∂z_k`` of the last layer's output ``z_k``
+            (the logits), ``[B_k, classes]``.
+        phi: the aggregated fraction φ in ``[0, 1]``; 0 is PSL.
+
+    Returns:
+        The new per-client gradients, same shapes (new tensors).
+    """
+    n = int(phi * min(g.shape[0] for g in grads)) if grads else 0
+    out = [g.clone() for g in grads]
+    if n > 0:
+        mean = torch.stack([g[:n] for g in grads]).mean(dim=0)
+        for g in out:
+            g[:n] = mean
+    return out
 
 
 @register
@@ -69,6 +102,39 @@ class PSL(PerClientModels):
         SFLStrategy.check_loss(loss.detach(), "server step")
         self.server_opt.zero_grad(set_to_none=True)
         loss.backward()
+        clip_and_step(self.server_model, self.server_opt, self.cfg.clip_norm)
+        self.server_updates += 1
+        return {p: x.grad.detach() * len(pids) for p, x in zip(pids, xs)}
+
+
+@register
+class EPSL(PSL):
+    """EPSL (Lin et al. 2023): PSL whose server aggregates a fraction φ of the last-layer activation gradients.
+
+    Each local iteration the server runs its model on the concatenated
+    activations, takes every client's last-layer gradient ``∂L/∂z_k`` (``L``
+    the mean of the per-client losses, as PSL), averages the first
+    ``φ·B`` rows across clients (:func:`aggregate_last_layer_gradients`),
+    and back-propagates the result through the server-side model once: the
+    server-side step and every client's activation gradient (scaled by
+    ``C``, as PSL) come from it. The averaged rows are what EPSL
+    broadcasts; the virtual clock charges no server time, so its saving in
+    server computation does not show in virtual time. φ = 0 is PSL.
+    """
+
+    name = "epsl"
+    options = (Option("epsl-phi", 0.5, "fraction φ of each batch whose last-layer activation gradients the "
+                      "server averages across clients (0 = PSL)"),)
+
+    def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
+        """One server step on the partly aggregated last-layer gradients; each client gets its ``∇_{A_k}``."""
+        pids, xs, logits, losses = per_client_logits(self.server_model, batches)
+        loss = self.server_loss(pids, losses)
+        SFLStrategy.check_loss(loss.detach(), "server step")
+        (grad,) = torch.autograd.grad(loss, logits, retain_graph=True)
+        parts = aggregate_last_layer_gradients(list(grad.split([x.shape[0] for x in xs])), self.cfg.epsl_phi)
+        self.server_opt.zero_grad(set_to_none=True)
+        logits.backward(torch.cat(parts))
         clip_and_step(self.server_model, self.server_opt, self.cfg.clip_norm)
         self.server_updates += 1
         return {p: x.grad.detach() * len(pids) for p, x in zip(pids, xs)}

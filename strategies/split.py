@@ -126,10 +126,20 @@ class SplitMixin(SFLStrategy):
         """The full model: client-side ∘ server-side."""
         return self.model
 
-    def server_optimizer(self, model: nn.Module) -> torch.optim.SGD:
-        """SGD for a server-side model, with the run's lr, momentum and weight decay."""
+    @property
+    def server_side_lr(self) -> float:
+        """The server-side model's learning rate: ``server-lr-split``, or ``lr`` when 0."""
+        return self.cfg.server_lr_split or self.cfg.lr
+
+    @property
+    def client_side_lr(self) -> float:
+        """The client-side model's learning rate: ``client-lr``, or ``lr`` when 0 (GAPSL: 0.005 vs 0.01)."""
+        return self.cfg.client_lr or self.cfg.lr
+
+    def server_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The run's optimizer (SGD or AdamW) for a server-side model at :attr:`server_side_lr`."""
         c = self.cfg
-        return make_sgd(model, c.lr, c.momentum, c.weight_decay)
+        return make_sgd(model, self.server_side_lr, c.momentum, c.weight_decay, kind=c.optimizer)
 
     @property
     def client_zo(self) -> bool:
@@ -139,7 +149,8 @@ class SplitMixin(SFLStrategy):
     def optimizer_config(self) -> dict[str, float]:
         """Client optimiser settings (fields of :class:`~fl_app.protocol.OptimizerConfig`) sent with training messages."""
         c = self.cfg
-        return {"lr": c.lr, "momentum": c.momentum, "weight_decay": c.weight_decay, "clip_norm": c.clip_norm}
+        return {"lr": self.client_side_lr, "momentum": c.momentum, "weight_decay": c.weight_decay,
+                "clip_norm": c.clip_norm, "optimizer": c.optimizer}
 
     def forward_request(self, batch: int, weights: ArrayRecord | None, *, start: int = 0, end: int | None = None,
                         slot: str = P.OWN_SLOT, tag: object = None) -> Request:

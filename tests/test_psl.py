@@ -151,3 +151,54 @@ def test_vanilla_sl_clients_train_in_turn(server_identity, one_torch_thread):
         assert torch.allclose(s.server_model.state_dict()[k], v, rtol=1e-5, atol=1e-6), k
     assert s.server_updates == 4
     assert s.clock.now() == pytest.approx(expected_time, rel=1e-9)
+
+
+def test_last_layer_gradient_aggregation_by_hand():
+    """EPSL: φ = 0.5 of B = 4 rows -> rows 0-1 become the mean over the 3 clients, rows 2-3 stay."""
+    from strategies.psl import aggregate_last_layer_gradients
+
+    g = [torch.full((4, 2), float(k)) for k in (1, 2, 6)]
+    g[0][1] = torch.tensor([3.0, -3.0])
+    out = aggregate_last_layer_gradients(g, 0.5)
+    for k, o in enumerate(out):
+        assert torch.equal(o[0], torch.tensor([3.0, 3.0]))  # (1 + 2 + 6) / 3
+        assert torch.allclose(o[1], torch.tensor([11 / 3, 5 / 3]))  # (3 + 2 + 6) / 3, (-3 + 2 + 6) / 3
+        assert torch.equal(o[2:], g[k][2:])
+    assert torch.equal(g[0][0], torch.tensor([1.0, 1.0]))  # inputs untouched
+    assert all(torch.equal(a, b) for a, b in zip(aggregate_last_layer_gradients(g, 0.0), g))  # φ = 0: PSL
+
+
+def test_epsl_round_equals_reference(server_identity, one_torch_thread):
+    """3 clients, E = 2, φ = 0.5 of B = 8: the server back-propagates the per-client last-layer
+    gradients with rows 0-3 averaged across clients; client k gets C·∂/∂A_k of that."""
+    from fl_app.training import make_sgd
+
+    s, task, timing = _run("epsl", num_clients=3, concurrency=3, local_iterations=2, epsl_phi=0.5)
+    cut = task.cut_layer
+    model = task.build_model()
+    init_client = {k: v.clone() for k, v in model.segment(0, cut).state_dict().items()}
+    server = task.build_model().segment(cut, len(model))
+    server_opt = make_sgd(server, OPT["lr"], OPT["momentum"], OPT["weight_decay"])
+    clients = {pid: RefClient(task, pid, cut, init_client) for pid in range(3)}
+    for _ in range(2):
+        batches = {pid: c.forward(8) for pid, c in clients.items()}
+        xs = {pid: a.clone().requires_grad_(True) for pid, (a, _) in batches.items()}
+        logits = {p: server(xs[p]) for p in range(3)}
+        grads = []
+        for p in range(3):  # ∂/∂z_k of (1/3) Σ_k CE_k = (softmax(z_k) - onehot) / (B · 3)
+            probs = torch.softmax(logits[p].detach(), dim=1)
+            grads.append((probs - nn.functional.one_hot(batches[p][1], probs.shape[1])) / (8 * 3))
+        mean = (grads[0][:4] + grads[1][:4] + grads[2][:4]) / 3
+        server_opt.zero_grad(set_to_none=True)
+        for p in range(3):
+            logits[p].backward(torch.cat([mean, grads[p][4:]]))
+        nn.utils.clip_grad_norm_(server.parameters(), OPT["clip_norm"])
+        server_opt.step()
+        for pid, c in clients.items():
+            c.backward(xs[pid].grad * 3)
+
+    for k, v in server.state_dict().items():
+        assert torch.allclose(s.server_model.state_dict()[k], v, rtol=1e-4, atol=1e-6), k
+    for pid, c in clients.items():
+        for k, v in c.model.state_dict().items():
+            assert torch.allclose(s.client_states[pid][k], v, rtol=1e-4, atol=1e-6), (pid, k)
