@@ -13,7 +13,7 @@ from fl_app.errors import ConfigError
 _REGISTRY: dict[str, type] = {}
 
 #: Modules that define the built-in strategies (imported on first lookup).
-STRATEGY_MODULES = ("strategies.splitfed", "strategies.psl", "strategies.gapsl", "strategies.mu_splitfed", "strategies.gas", "strategies.fl")
+STRATEGY_MODULES = ("strategies.splitfed", "strategies.psl", "strategies.s2fl", "strategies.gapsl", "strategies.mu_splitfed", "strategies.gas", "strategies.fl", "strategies.ringsfl")
 
 
 def register(cls: type) -> type:

@@ -153,11 +153,13 @@ class SplitMixin(SFLStrategy):
                 "clip_norm": c.clip_norm, "optimizer": c.optimizer}
 
     def forward_request(self, batch: int, weights: ArrayRecord | None, *, start: int = 0, end: int | None = None,
-                        slot: str = P.OWN_SLOT, tag: object = None) -> Request:
+                        slot: str = P.OWN_SLOT, tag: object = None, timed_end: int | None = None) -> Request:
         """``train.forward`` of own data through blocks ``[start, end)`` (default the client part).
 
         ``weights`` (encoded once by the caller), when given, replace the slot's.
-        Timed as the range's forward FLOPs plus the upload of its activations.
+        Timed as the range's forward FLOPs plus the upload of its activations;
+        ``timed_end`` charges them as if the range ended there instead (S²FL's
+        adaptive cut changes time only).
         """
         end = self.cut if end is None else end
         if self.client_zo:
@@ -166,8 +168,9 @@ class SplitMixin(SFLStrategy):
         content = RecordDict({P.CONFIG: config.to_record()})
         if weights is not None:
             content[P.WEIGHTS] = weights
-        return Request(P.TRAIN_FORWARD, content, self.costs.flops(start, end, batch),
-                       self.costs.activation_bits(end, batch), tag=tag)
+        timed = end if timed_end is None else timed_end
+        return Request(P.TRAIN_FORWARD, content, self.costs.flops(start, timed, batch),
+                       self.costs.activation_bits(timed, batch), tag=tag)
 
     def zo_bits(self, end: int, batch: int) -> float:
         """Upload of a ZO forward: ``2P + 1`` embeddings of ``batch`` samples, and their labels once."""
@@ -206,7 +209,7 @@ class SplitMixin(SFLStrategy):
 
     def backward_request(self, grad: torch.Tensor | ZOFeedback, nxt: str, next_batch: int = 0, *, start: int = 0,
                          end: int | None = None, slot: str = P.OWN_SLOT, upload: bool = True,
-                         tag: object = None) -> Request:
+                         tag: object = None, timed_end: int | None = None) -> Request:
         """``train.backward`` of the activation gradient ``grad`` through the slot's blocks ``[start, end)``.
 
         Args:
@@ -216,18 +219,21 @@ class SplitMixin(SFLStrategy):
             upload: with ``NEXT_WEIGHTS``, whether the algorithm really
                 uploads the model (timed and metered); False for a copy the
                 server only needs for evaluation (PSL).
+            timed_end: charge the compute and the next activations as if the
+                range ended there (see :meth:`forward_request`).
 
         A :class:`ZOFeedback` instead of a gradient makes it a ``train.zo_update``.
         """
         if isinstance(grad, ZOFeedback):
             return self.zo_update_request(grad, nxt, next_batch, end=end, slot=slot, upload=upload, tag=tag)
         end = self.cut if end is None else end
+        timed = end if timed_end is None else timed_end
         batch = int(grad.shape[0])
-        flops = self.costs.flops(start, end, batch, forward=False, backward=True)
+        flops = self.costs.flops(start, timed, batch, forward=False, backward=True)
         bits = 0.0
         if nxt == P.NEXT_FORWARD:
-            flops += self.costs.flops(start, end, next_batch)
-            bits = self.costs.activation_bits(end, next_batch)
+            flops += self.costs.flops(start, timed, next_batch)
+            bits = self.costs.activation_bits(timed, next_batch)
         elif nxt == P.NEXT_WEIGHTS and upload:
             bits = self.costs.param_bits(start, end)
         config = P.BackwardConfig(slot=slot, next=nxt, batch_size=next_batch, **self.optimizer_config())
@@ -275,6 +281,7 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
     Hooks:
         :meth:`batch_size_for`: each client's batch size (default B).
         :meth:`begin_round`: before the first forward (e.g. copy server models).
+        :meth:`timed_cut`: the cut a client's work is charged at (S²FL).
         :meth:`start_weights`: the client-side weights the round starts from.
         :meth:`server_iteration`: activations of the cohort -> gradients.
         :meth:`collect_client_models`: what to do with the uploaded models.
@@ -292,6 +299,10 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
 
     def begin_round(self, cohort: list[int]) -> None:
         """Prepare the server side for a round."""
+
+    def timed_cut(self, pid: int) -> int | None:
+        """The cut at which ``pid``'s work is charged this round (None: the real cut)."""
+        return None
 
     def start_weights(self) -> ArrayRecord | None:
         """Weights every cohort member loads first: the current client-side model (encoded once)."""
@@ -314,12 +325,14 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         sizes = {pid: self.batch_size_for(pid, cohort) for pid in cohort}
         self.begin_round(cohort)
         start = self.start_weights()
-        replies = self.gather({pid: self.forward_request(sizes[pid], start) for pid in cohort})
+        replies = self.gather({pid: self.forward_request(sizes[pid], start, timed_end=self.timed_cut(pid))
+                               for pid in cohort})
         local = self.cfg.local_iterations
         for e in range(local):
             grads = self.server_iteration({pid: self.smashed_of(pid, c) for pid, c in replies.items()})
             nxt = P.NEXT_FORWARD if e < local - 1 else P.NEXT_WEIGHTS
-            replies = self.gather({pid: self.backward_request(g, nxt, sizes[pid], upload=self.uploads_models)
+            replies = self.gather({pid: self.backward_request(g, nxt, sizes[pid], upload=self.uploads_models,
+                                                              timed_end=self.timed_cut(pid))
                                    for pid, g in grads.items()})
         uploads = {pid: self.weights_of(c)[0] for pid, c in replies.items()}
         self.collect_client_models(uploads)
