@@ -18,13 +18,13 @@ OPT = dict(lr=0.05, momentum=0.9, weight_decay=0.001, clip_norm=5.0)
 class RefClient:
     """A client-side model with its own persistent SGD and sampler, as a node keeps them."""
 
-    def __init__(self, task, pid, cut, state):
+    def __init__(self, task, pid, cut, state, lr=OPT["lr"]):
         from fl_app.training import make_sgd
 
         self.task, self.pid = task, pid
         self.model = task.build_model().segment(0, cut)
         self.model.load_state_dict(state)
-        self.opt = make_sgd(self.model, OPT["lr"], OPT["momentum"], OPT["weight_decay"])
+        self.opt = make_sgd(self.model, lr, OPT["momentum"], OPT["weight_decay"])
         self.sampler, self.step = ConfigRecord(), 0
 
     def forward(self, b):
@@ -170,16 +170,18 @@ def test_last_layer_gradient_aggregation_by_hand():
 
 def test_epsl_round_equals_reference(server_identity, one_torch_thread):
     """3 clients, E = 2, φ = 0.5 of B = 8: the server back-propagates the per-client last-layer
-    gradients with rows 0-3 averaged across clients; client k gets C·∂/∂A_k of that."""
+    gradients with rows 0-3 averaged across clients; client k gets C·∂/∂A_k of that.
+    Clients and server step at their own learning rates (client-lr, server-lr-split)."""
     from fl_app.training import make_sgd
 
-    s, task, timing = _run("epsl", num_clients=3, concurrency=3, local_iterations=2, epsl_phi=0.5)
+    s, task, timing = _run("epsl", num_clients=3, concurrency=3, local_iterations=2, epsl_phi=0.5,
+                           client_lr=0.02, server_lr_split=0.08)
     cut = task.cut_layer
     model = task.build_model()
     init_client = {k: v.clone() for k, v in model.segment(0, cut).state_dict().items()}
     server = task.build_model().segment(cut, len(model))
-    server_opt = make_sgd(server, OPT["lr"], OPT["momentum"], OPT["weight_decay"])
-    clients = {pid: RefClient(task, pid, cut, init_client) for pid in range(3)}
+    server_opt = make_sgd(server, 0.08, OPT["momentum"], OPT["weight_decay"])
+    clients = {pid: RefClient(task, pid, cut, init_client, lr=0.02) for pid in range(3)}
     for _ in range(2):
         batches = {pid: c.forward(8) for pid, c in clients.items()}
         xs = {pid: a.clone().requires_grad_(True) for pid, (a, _) in batches.items()}
