@@ -73,7 +73,7 @@ DEFAULTS: dict[str, Any] = {
     "gapsl-k-min": 0.2,
     "gapsl-k-max": 0.8,
     "gapsl-eta": 0.5,
-    "gapsl-lambda": 0.0005,
+    "gapsl-lambda": 0.0,
     "gapsl-mode": "first-order",
     "gapsl-lgi": "on",
     "gapsl-gda": "on",
