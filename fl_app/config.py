@@ -235,7 +235,7 @@ class RunConfig:
                 raise ConfigError(f"{key} must be 'on', 'none' or 'random', got '{self.get(key)}'")
         if not 0 < self.gapsl_k_min <= self.gapsl_k_max <= 1:
             raise ConfigError(f"need 0 < gapsl-k-min <= gapsl-k-max <= 1, got {self.gapsl_k_min} and {self.gapsl_k_max}")
-        for key, choices in (("optimizer", ("sgd", "adamw")), ("init", ("default", "paper")),
+        for key, choices in (("optimizer", ("sgd", "adamw")), ("init", ("default", "ringsfl", "torch-default")),
                              ("sl-order", ("client", "batch"))):
             if self.get(key) not in choices:
                 raise ConfigError(f"{key} must be one of {', '.join(choices)}; got '{self.get(key)}'")

@@ -23,11 +23,38 @@ Models:
 * ``lenet5`` -- LeNet-5 (LeCun et al., "Gradient-based learning applied to
   document recognition", 1998) with ReLU and max pooling, in the 12 blocks
   RingSFL (Shen et al., "Ring-based Split Federated Learning") divides it into.
+* ``vgg16`` -- VGG-16 with BatchNorm (Simonyan & Zisserman 2014) for
+  CIFAR-size input, in RingSFL's 16 blocks ``conv1..conv13, fc1..fc3``
+  (pools folded into conv2, 4, 7, 10, 13; classifier 512-512-classes).
+  GAPSL's client part (the first four conv layers) is ``cut-layer=4``
+  (128x8x8 activation); GAS's cuts after torchvision layers 10, 17, 24, 31
+  (the pools of the plain VGG-16 ``features``) are cut-layers 4, 7, 10, 13.
+  1x28x28 input is zero-padded to 32x32 by conv1's padding.
+* ``resnet18`` -- CIFAR-style ResNet-18 (He et al. 2016) in RingSFL's 10
+  blocks ``stem, layer1_0 .. layer4_1, head``. GAS's cut "after the first
+  residual layer" (stage 1) is ``cut-layer=3``.
+* ``alexnet17`` -- RingSFL's MNIST AlexNet, one layer per block (17 blocks,
+  as in the authors' code).
+* ``vit-small`` -- a small ViT (GAS appendix: 6 pre-norm layers, 8 heads,
+  MLP 512, dropout 0.1; width 128, 4x4 patches) in 8 blocks
+  ``embed, layer1..layer6, head``. GAS's cut after the first transformer
+  layer is ``cut-layer=2``.
+
+:func:`build_model` takes ``init="default"`` (He init; a transformer init for
+``vit-small``), ``init="ringsfl"`` (RingSFL's init) or ``init="torch-default"``.
+
+BatchNorm and dropout: a model built here is in training mode, and its
+forward pass in training mode updates BatchNorm running statistics and draws
+dropout masks from the global torch RNG. The split runtime recomputes a
+client's forward pass (``train.backward``); it must see the same masks as the
+first pass (:mod:`fl_app.client_app` seeds the RNG around both).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -39,15 +66,21 @@ from fl_app.errors import ConfigError
 
 __all__ = [
     "MODELS",
+    "INITS",
     "BlockModel",
+    "BasicBlock",
+    "PatchEmbedding",
+    "EncoderLayer",
+    "ClassifierHead",
     "BlockProfile",
     "build_model",
     "split_model",
     "profile_blocks",
     "segment_profile",
+    "fixed_rng",
 ]
 
-MODELS: tuple[str, ...] = ("alexnet", "lenet5")
+MODELS: tuple[str, ...] = ("alexnet", "lenet5", "vgg16", "resnet18", "alexnet17", "vit-small")
 """Names accepted by :func:`build_model`."""
 
 
@@ -145,16 +178,25 @@ def _check_input_shape(input_shape: tuple[int, int, int]) -> tuple[int, int, int
 
 
 def _out_shape(modules: Sequence[nn.Module], input_shape: tuple[int, ...], model: str) -> tuple[int, ...]:
-    """Per-sample output shape of ``modules`` applied in order (dry run, no RNG use)."""
+    """Per-sample output shape of ``modules`` applied in order.
+
+    A dry run on one zero sample in eval mode (no RNG use, no BatchNorm
+    running-stat update); the modules' training flags are restored after.
+    """
+    flags = [(m, m.training) for mod in modules for m in mod.modules()]
     x = torch.zeros(1, *input_shape)
     try:
         with torch.no_grad():
             for m in modules:
+                m.eval()
                 x = m(x)
     except RuntimeError:
         raise ConfigError(
             f"input shape {tuple(input_shape)} is too small for {model}"
         ) from None
+    finally:
+        for m, flag in flags:
+            m.training = flag
     return tuple(x.shape[1:])
 
 
@@ -207,19 +249,340 @@ def _lenet5(input_shape: tuple[int, int, int], num_classes: int) -> list[tuple[s
     return front + back
 
 
+# ----------------------------------------------------------------- VGG-16
+
+
+#: VGG-16's 13 conv layers: output channels, and whether a 2x2 max pool follows.
+_VGG16_CONVS: tuple[tuple[int, bool], ...] = (
+    (64, False), (64, True),
+    (128, False), (128, True),
+    (256, False), (256, False), (256, True),
+    (512, False), (512, False), (512, True),
+    (512, False), (512, False), (512, True),
+)
+
+
+def _vgg16(input_shape: tuple[int, int, int], num_classes: int) -> list[tuple[str, nn.Module]]:
+    """VGG-16 with BatchNorm for CIFAR-size inputs, in RingSFL's 16 blocks.
+
+    ``conv1..conv13``: ``Conv2d(3x3, padding 1) -> BatchNorm2d -> ReLU``, with
+    the 2x2 max pool folded into conv2, conv4, conv7, conv10 and conv13.
+    ``fc1``: ``Flatten -> Linear(512*h*w, 512) -> ReLU``; ``fc2``:
+    ``Linear(512, 512) -> ReLU``; ``fc3``: ``Linear(512, classes)``. No
+    dropout (the common CIFAR classifier; RingSFL's reference code uses the
+    ImageNet head ``AdaptiveAvgPool(7x7) -> 4096 -> 4096`` with dropout, which
+    is 120M parameters on a 1x1 feature map).
+
+    Inputs whose sides are not multiples of 32 are zero-padded to the next
+    multiple by conv1's own padding: on 28x28, conv1 has ``padding=3``, which
+    is exactly "pad to 32x32, then a padding-1 conv" (odd differences round
+    the padding up; the floor of the pools absorbs the extra row). So 28x28
+    and 32x32 both give 512x1x1 after conv13.
+    """
+    c, h, w = input_shape
+    th, tw = -(-h // 32) * 32, -(-w // 32) * 32
+    pad1 = (1 + (th - h + 1) // 2, 1 + (tw - w + 1) // 2)
+    blocks: list[tuple[str, nn.Module]] = []
+    cin = c
+    for i, (cout, pool) in enumerate(_VGG16_CONVS, start=1):
+        layers: list[nn.Module] = [
+            nn.Conv2d(cin, cout, 3, 1, pad1 if i == 1 else 1),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(),
+        ]
+        if pool:
+            layers.append(nn.MaxPool2d(2))
+        blocks.append((f"conv{i}", nn.Sequential(*layers)))
+        cin = cout
+    flat = 512 * (th // 32) * (tw // 32)
+    blocks += [
+        ("fc1", nn.Sequential(nn.Flatten(), nn.Linear(flat, 512), nn.ReLU())),
+        ("fc2", nn.Sequential(nn.Linear(512, 512), nn.ReLU())),
+        ("fc3", nn.Linear(512, num_classes)),
+    ]
+    return blocks
+
+
+# -------------------------------------------------------------- ResNet-18
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block (He et al. 2016): two 3x3 conv+BN, identity or 1x1-conv shortcut.
+
+    ``(N, in_channels, H, W) -> (N, out_channels, ceil(H/stride), ceil(W/stride))``:
+    ``relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))``. The shortcut is
+    ``Conv2d(1x1, stride) -> BatchNorm2d`` when the stride or the channel
+    count changes, else the identity (an empty ``nn.Sequential``).
+
+    Args:
+        in_channels: input channels.
+        out_channels: output channels.
+        stride: stride of conv1 and of the shortcut (1 or 2).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
+                nn.BatchNorm2d(out_channels),
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(N, C_in, H, W) -> (N, C_out, H', W')`` (see the class docstring)."""
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+def _resnet18(input_shape: tuple[int, int, int], num_classes: int) -> list[tuple[str, nn.Module]]:
+    """CIFAR-style ResNet-18 in RingSFL's 10 blocks.
+
+    ``stem``: ``Conv2d(C, 64, 3x3, padding 1, no bias) -> BatchNorm2d -> ReLU``
+    (no max pool); ``layer1_0 .. layer4_1``: the 8 :class:`BasicBlock` s of
+    the four stages (64, 128, 256, 512 channels; the first block of stages
+    2-4 has stride 2); ``head``: ``AdaptiveAvgPool2d(1) -> Flatten ->
+    Linear(512, classes)``. 32x32 gives 32, 16, 8, 4 pixel stages; 28x28
+    gives 28, 14, 7, 4. The adaptive pool equals RingSFL's ``AvgPool2d(4)``
+    on the 4x4 map of both.
+    """
+    c = input_shape[0]
+    blocks: list[tuple[str, nn.Module]] = [
+        ("stem", nn.Sequential(nn.Conv2d(c, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())),
+    ]
+    cin = 64
+    for stage, cout in enumerate((64, 128, 256, 512), start=1):
+        for j in range(2):
+            stride = 2 if stage > 1 and j == 0 else 1
+            blocks.append((f"layer{stage}_{j}", BasicBlock(cin, cout, stride)))
+            cin = cout
+    blocks.append(("head", nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes))))
+    return blocks
+
+
+# ------------------------------------------------------- AlexNet (RingSFL)
+
+
+def _alexnet17(input_shape: tuple[int, int, int], num_classes: int) -> list[tuple[str, nn.Module]]:
+    """RingSFL's AlexNet for MNIST, one layer per block (17 blocks).
+
+    The paper only says "AlexNet is divided into 17 blocks". The authors'
+    code (GitHub ``ShenJinglong/DistRingSFL``, ``model/AlexNet.py``,
+    ``AlexNet_Mnist``) lists exactly 17 layers, reproduced here::
+
+        conv1 Conv2d(C, 32, 3, padding 1)   pool1 MaxPool2d(2)   relu1
+        conv2 Conv2d(32, 64, 3, padding 1)  pool2 MaxPool2d(2)   relu2
+        conv3 Conv2d(64, 128, 3, padding 1)
+        conv4 Conv2d(128, 256, 3, padding 1)
+        conv5 Conv2d(256, 256, 3, padding 1) pool3 MaxPool2d(2)  relu3
+        flatten  fc1 Linear(256*h*w, 1024)  relu4
+        fc2 Linear(1024, 512)  relu5  fc3 Linear(512, classes)
+
+    It is the GAS AlexNet (``alexnet``) without the ReLUs after conv3 and
+    conv4 (as in that code) and with a 2x2 last pool. 28x28 gives a 256x3x3
+    feature map (2304 features), 32x32 gives 256x4x4 (4096).
+    """
+    c = input_shape[0]
+    front: list[tuple[str, nn.Module]] = [
+        ("conv1", nn.Conv2d(c, 32, 3, 1, 1)),
+        ("pool1", nn.MaxPool2d(2)),
+        ("relu1", nn.ReLU()),
+        ("conv2", nn.Conv2d(32, 64, 3, 1, 1)),
+        ("pool2", nn.MaxPool2d(2)),
+        ("relu2", nn.ReLU()),
+        ("conv3", nn.Conv2d(64, 128, 3, 1, 1)),
+        ("conv4", nn.Conv2d(128, 256, 3, 1, 1)),
+        ("conv5", nn.Conv2d(256, 256, 3, 1, 1)),
+        ("pool3", nn.MaxPool2d(2)),
+        ("relu3", nn.ReLU()),
+        ("flatten", nn.Flatten()),
+    ]
+    (flat,) = _out_shape([m for _, m in front], input_shape, "alexnet17")
+    back: list[tuple[str, nn.Module]] = [
+        ("fc1", nn.Linear(flat, 1024)),
+        ("relu4", nn.ReLU()),
+        ("fc2", nn.Linear(1024, 512)),
+        ("relu5", nn.ReLU()),
+        ("fc3", nn.Linear(512, num_classes)),
+    ]
+    return front + back
+
+
+# --------------------------------------------------------------- ViT-small
+
+#: ViT-small hyper-parameters (GAS appendix: 6 layers, 8 heads, MLP 512, dropout 0.1).
+VIT_DIM, VIT_DEPTH, VIT_HEADS, VIT_MLP, VIT_DROPOUT, VIT_PATCH = 128, 6, 8, 512, 0.1, 4
+
+
+class PatchEmbedding(nn.Module):
+    """ViT input block: patches -> tokens, plus a class token and position embeddings.
+
+    ``(N, C, H, W) -> (N, 1 + (H // patch) * (W // patch), dim)``: a
+    ``Conv2d(C, dim, patch, stride=patch)`` embeds each non-overlapping
+    patch (a trailing remainder of fewer than ``patch`` pixels is dropped),
+    the learned class token is prepended, the learned position embedding
+    ``(1, tokens, dim)`` added, then dropout.
+
+    Args:
+        in_channels: image channels ``C``.
+        dim: embedding width.
+        patch: patch side in pixels.
+        grid: ``(H // patch, W // patch)``.
+        dropout: dropout probability on the embedded tokens.
+    """
+
+    def __init__(self, in_channels: int, dim: int, patch: int, grid: tuple[int, int], dropout: float) -> None:
+        super().__init__()
+        self.grid = grid
+        self.proj = nn.Conv2d(in_channels, dim, patch, patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + grid[0] * grid[1], dim))
+        self.dropout = nn.Dropout(dropout)
+
+    def extra_repr(self) -> str:
+        """Grid and token count (part of the profile cache key)."""
+        return f"grid={self.grid}, tokens={self.pos_embed.shape[1]}"
+
+    def reset_tokens(self) -> None:
+        """Class token and position embedding ~ truncated normal(0, 0.02) (ViT / timm)."""
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(N, C, H, W) -> (N, tokens, dim)``."""
+        t = self.proj(x).flatten(2).transpose(1, 2)  # (N, patches, dim)
+        cls = self.cls_token.expand(t.shape[0], -1, -1)
+        return self.dropout(torch.cat([cls, t], dim=1) + self.pos_embed)
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm transformer encoder layer.
+
+    ``(N, T, dim) -> (N, T, dim)``::
+
+        x = x + drop(proj(attention(ln1(x))))
+        x = x + drop(fc2(drop(gelu(fc1(ln2(x))))))
+
+    Multi-head self-attention is written out with ``Linear`` layers and
+    matmuls (``softmax(q k^T / sqrt(d_head))``, dropout on the attention
+    weights), so :class:`~torch.utils.flop_counter.FlopCounterMode` counts
+    all of it and every dropout draws from the global torch RNG. The same
+    dropout placement as ``nn.TransformerEncoderLayer(norm_first=True)``,
+    with GELU.
+
+    Args:
+        dim: token width (divisible by ``heads``).
+        heads: attention heads.
+        mlp: hidden width of the MLP.
+        dropout: dropout probability (attention weights, both residual
+            branches, MLP hidden layer).
+    """
+
+    def __init__(self, dim: int, heads: int, mlp: int, dropout: float) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"dim {dim} is not divisible by {heads} heads")
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.attn_drop = nn.Dropout(dropout)
+        self.proj = nn.Linear(dim, dim)
+        self.drop1 = nn.Dropout(dropout)
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, mlp)
+        self.act = nn.GELU()
+        self.drop2 = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(mlp, dim)
+        self.drop3 = nn.Dropout(dropout)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        """Multi-head self-attention, ``(N, T, dim) -> (N, T, dim)`` (before ``proj``)."""
+        n, t, d = x.shape
+        qkv = self.qkv(x).reshape(n, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]  # (N, heads, T, d_head)
+        w = torch.softmax(q @ k.transpose(-2, -1) * (d // self.heads) ** -0.5, dim=-1)
+        out = self.attn_drop(w) @ v  # (N, heads, T, d_head)
+        return out.transpose(1, 2).reshape(n, t, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(N, T, dim) -> (N, T, dim)``."""
+        x = x + self.drop1(self.proj(self.attention(self.ln1(x))))
+        return x + self.drop3(self.fc2(self.drop2(self.act(self.fc1(self.ln2(x))))))
+
+
+class ClassifierHead(nn.Module):
+    """ViT head: LayerNorm and a linear layer on the class token.
+
+    ``(N, T, dim) -> (N, num_classes)``, from token 0.
+    """
+
+    def __init__(self, dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(N, T, dim) -> (N, num_classes)``."""
+        return self.fc(self.norm(x[:, 0]))
+
+
+def _vit_small(input_shape: tuple[int, int, int], num_classes: int) -> list[tuple[str, nn.Module]]:
+    """A small ViT (GAS's "ViT-small"), 8 blocks: ``embed, layer1..layer6, head``.
+
+    Width 128 (GAS does not give it; 128 = 8 heads x 16 and the usual
+    4x MLP ratio for its MLP of 512), 6 pre-norm layers, 8 heads, MLP 512,
+    dropout 0.1 on the embedding and in the layers (GAS appendix), 4x4
+    patches: 28x28 -> 7x7 patches (50 tokens), 32x32 -> 8x8 (65 tokens).
+    GAS's cut "after the first transformer layer" is ``cut-layer=2``.
+    """
+    c, h, w = input_shape
+    grid = (h // VIT_PATCH, w // VIT_PATCH)
+    if min(grid) < 1:
+        raise ConfigError(f"input shape {tuple(input_shape)} is too small for vit-small (patch {VIT_PATCH})")
+    blocks: list[tuple[str, nn.Module]] = [("embed", PatchEmbedding(c, VIT_DIM, VIT_PATCH, grid, VIT_DROPOUT))]
+    blocks += [(f"layer{i}", EncoderLayer(VIT_DIM, VIT_HEADS, VIT_MLP, VIT_DROPOUT)) for i in range(1, VIT_DEPTH + 1)]
+    blocks.append(("head", ClassifierHead(VIT_DIM, num_classes)))
+    return blocks
+
+
 _BUILDERS: dict[str, Callable[[tuple[int, int, int], int], list[tuple[str, nn.Module]]]] = {
     "alexnet": _alexnet,
     "lenet5": _lenet5,
+    "vgg16": _vgg16,
+    "resnet18": _resnet18,
+    "alexnet17": _alexnet17,
+    "vit-small": _vit_small,
 }
 
+INITS: tuple[str, ...] = ("default", "ringsfl", "torch-default")
+"""Weight initialisations accepted by :func:`build_model` (run-config key ``init``)."""
 
-def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, seed: int = 0) -> BlockModel:
+
+def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, seed: int = 0,
+                init: str = "default") -> BlockModel:
     """Build model ``name`` for per-sample inputs of shape ``(C, H, W)``.
 
-    Initialisation is deterministic: the same ``seed`` gives identical
-    weights. Conv and linear weights are He-normal (fan-in, ReLU gain), biases
-    zero. The global torch RNG is left untouched (weights are drawn inside
-    ``torch.random.fork_rng()`` after ``torch.manual_seed(seed)``).
+    Initialisation is deterministic: the same ``seed`` and ``init`` give
+    identical weights. The global torch RNG is left untouched (weights are
+    drawn inside ``torch.random.fork_rng()`` after ``torch.manual_seed(seed)``).
+
+    * ``init="default"``: conv and linear weights He-normal (fan-in, ReLU
+      gain), biases zero, norm layers weight 1 / bias 0 (:func:`_he_init`);
+      for ``vit-small`` the usual transformer init instead: linear layers
+      and the patch projection truncated-normal(0, 0.02), zero biases,
+      LayerNorm 1 / 0, class token and position embedding
+      truncated-normal(0, 0.02) (:func:`_transformer_init`).
+    * ``init="torch-default"``: PyTorch's own layer initialisation (what
+      the GAS authors' code uses), drawn from the same seed.
+    * ``init="ringsfl"``: RingSFL's init (section 4.1): conv weights
+      Kaiming-normal (fan-out, ReLU gain), linear weights normal(0, 0.01),
+      biases zero, BatchNorm (and LayerNorm) weight 1 / bias 0; a ViT's class
+      token and position embedding as in ``"default"`` (:func:`_ringsfl_init`).
 
     Args:
         name: one of :data:`MODELS`.
@@ -227,25 +590,34 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
             ``(1, 28, 28)`` or ``(3, 32, 32)``.
         num_classes: number of logits of the last block (>= 1).
         seed: initialisation seed.
+        init: one of :data:`INITS`.
 
     Returns:
         A :class:`BlockModel` mapping ``(N, C, H, W)`` to logits
         ``(N, num_classes)``, in training mode.
 
     Raises:
-        ConfigError: unknown ``name``, a bad ``input_shape`` (including one
-            too small for the model), or ``num_classes < 1``.
+        ConfigError: unknown ``name`` or ``init``, a bad ``input_shape``
+            (including one too small for the model), or ``num_classes < 1``.
     """
     if name not in _BUILDERS:
         raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+    if init not in INITS:
+        raise ConfigError(f"unknown init {init!r}: choose one of {', '.join(INITS)}")
     shape = _check_input_shape(input_shape)
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ConfigError(f"num_classes must be a positive int, got {num_classes!r}")
+    if init == "ringsfl":
+        init_fn = _ringsfl_init
+    elif init == "torch-default":
+        init_fn = lambda block: None  # noqa: E731 - keep the layers' own reset_parameters()
+    else:
+        init_fn = _transformer_init if name == "vit-small" else _he_init
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         blocks = _BUILDERS[name](shape, num_classes)
         for _, block in blocks:
-            _he_init(block)
+            init_fn(block)
     return BlockModel(blocks, name=name)
 
 
@@ -255,12 +627,64 @@ def _he_init(module: nn.Module) -> None:
     PyTorch's default (uniform, a = sqrt(5)) shrinks the signal through the
     eight plain-ReLU layers of AlexNet so much that SGD at lr 0.01 sits on the
     loss plateau of 2.30 for hundreds of steps; He init starts learning at once.
+    Norm layers keep PyTorch's weight 1 / bias 0.
     """
     for m in module.modules():
         if isinstance(m, (nn.Conv2d, nn.Linear)):
             nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
+
+
+def _ringsfl_init(module: nn.Module) -> None:
+    """RingSFL's init: conv Kaiming-normal (fan-out, ReLU), linear N(0, 0.01), zero biases, norms 1 / 0."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, 0.01)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, (nn.BatchNorm2d, nn.LayerNorm)):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, PatchEmbedding):
+            m.reset_tokens()
+
+
+def _transformer_init(module: nn.Module) -> None:
+    """ViT init: linear and patch-conv weights truncated-normal(0, 0.02), zero biases,
+    LayerNorm 1 / 0, class token and position embedding truncated-normal(0, 0.02)."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, PatchEmbedding):
+            m.reset_tokens()
+
+
+@contextlib.contextmanager
+def fixed_rng(seed: int | None) -> Iterator[None]:
+    """Run the body with the global CPU torch RNG seeded to ``seed``, then restore it.
+
+    Dropout draws its masks from the global RNG, so two forward passes of
+    the same model on the same input inside ``fixed_rng(s)`` with the same
+    ``s`` give bit-identical outputs (the split runtime recomputes a
+    client's forward pass this way). The RNG state outside is unchanged.
+    ``seed=None`` does nothing (the body uses the RNG as it is).
+    """
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        yield
 
 
 def split_model(model: BlockModel, cut: int) -> tuple[BlockModel, BlockModel]:

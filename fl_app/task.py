@@ -23,7 +23,7 @@ from fl_app.models import BlockModel, BlockProfile, build_model, profile_blocks,
 #: Keys of the run configuration that define the task (data, partition, model).
 TASK_KEYS = (
     "dataset", "data-dir", "partition", "alpha", "shards", "min-partition-size", "num-clients",
-    "model", "cut-layer", "seed",
+    "model", "cut-layer", "seed", "init",
 )
 
 
@@ -38,6 +38,10 @@ class Task:
         cut_layer: the default cut; the client-side model is blocks
             ``[0, cut_layer)``.
         seed: the seed the initial model is built from.
+        partition_scheme: the ``partition`` key (``iid``, ``dirichlet``, ...).
+        init: the weight initialisation (``default``, ``ringsfl`` or ``torch-default``, see
+            :func:`fl_app.models.build_model`); part of :data:`TASK_KEYS`,
+            so the server and every client build the same initial model.
     """
 
     data: ImageDataset
@@ -46,10 +50,11 @@ class Task:
     cut_layer: int
     seed: int
     partition_scheme: str = "iid"
+    init: str = "default"
 
     @functools.cached_property
     def _template(self) -> BlockModel:
-        return build_model(self.model_name, self.data.input_shape, self.data.num_classes, self.seed)
+        return build_model(self.model_name, self.data.input_shape, self.data.num_classes, self.seed, init=self.init)
 
     def build_model(self) -> BlockModel:
         """A fresh full model with the run's seeded initial weights (a copy of a cached template)."""
@@ -109,6 +114,7 @@ def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
         cut_layer=int(values["cut-layer"]),
         seed=int(values["seed"]),
         partition_scheme=str(values["partition"]),
+        init=str(values["init"]),
     )
     task.split()  # validates model name and cut layer
     return task
