@@ -15,13 +15,18 @@ slots** (:data:`fl_app.protocol.OWN_SLOT` for its own client-side model,
 ``slot.<name>.accum``      Array   accumulated weighted parameter gradients
 ``slot.<name>.batch``      Config  ``start``, ``end`` of the slot's range;
                                    for own data ``indices`` and ``step`` of
-                                   the batch last forwarded
+                                   the batch last forwarded; ``rng-seed``,
+                                   the dropout seed of the last forward
+``rng``                    Config  ``forwards``: training forward passes so
+                                   far (draws the dropout seeds)
 ``slot.<name>.input``      Array   a relayed input ``x`` (and labels ``y``)
                                    of the slot's last forward
 =========================  ======  ===========================================
 
 ``train.backward`` recomputes the forward pass on the stored input
-(identical inputs: the augmentation is seeded by the step), then applies
+(identical inputs: the augmentation is seeded by the step; identical
+dropout masks: every training forward pass runs under a stored seed, see
+:func:`fl_app.models.fixed_rng`), then applies
 the received gradient: clipped and stepped at once, or accumulated (weighted)
 for a later ``train.step``.
 """
@@ -38,7 +43,7 @@ from torch import nn
 from fl_app import protocol as P
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
-from fl_app.models import BlockModel
+from fl_app.models import BlockModel, fixed_rng
 from fl_app.task import Task, load_task
 from fl_app.zo import STREAM_ZO_CLIENT, direction, num_parameters, perturbed_outputs, shapes_of, spsa_gradient, zo_seed
 from fl_app.training import (
@@ -74,6 +79,12 @@ app = ClientApp(mods=[one_torch_thread])
 SAMPLER_KEY = "data.sampler"
 #: Key of the ZO direction seeds in a slot's batch record.
 ZO_SEEDS = "zo-seeds"
+#: ConfigRecord of the node's forward-pass counter (``forwards``), which seeds dropout.
+RNG_KEY = "rng"
+#: Key of the dropout seed of a slot's last forward in its batch record.
+RNG_SEED = "rng-seed"
+#: Seed-stream tag of the dropout seeds of the client's forward passes.
+STREAM_DROPOUT = 29
 
 
 def slot_key(slot: str, part: str) -> str:
@@ -81,22 +92,40 @@ def slot_key(slot: str, part: str) -> str:
     return f"slot.{slot}.{part}"
 
 
-class _Slot:
-    """One named model slot of a node: weights, optimizer, accumulator, stored input."""
+#: The parts of a slot that make up its model (another slot's when it names a ``model_slot``).
+MODEL_PARTS = ("weights", "optimizer", "accum")
 
-    def __init__(self, node: _Node, name: str) -> None:
+
+class _Slot:
+    """One named model slot of a node: weights, optimizer, accumulator, stored input.
+
+    With ``model_slot`` the weights, optimizer state and accumulator are
+    those of that slot (RingSFL: the paths through a node share its model).
+    """
+
+    def __init__(self, node: _Node, name: str, model_slot: str = "") -> None:
         self.node = node
         self.name = name
+        self.store = model_slot or name
 
     def _key(self, part: str) -> str:
-        return slot_key(self.name, part)
+        return slot_key(self.store if part in MODEL_PARTS else self.name, part)
 
     def array(self, part: str) -> ArrayRecord | None:
         """The slot's ArrayRecord ``part`` (``weights``, ``optimizer``, ...), or None."""
         return self.node.state.array_records.get(self._key(part))
 
     def put(self, part: str, record: ArrayRecord | ConfigRecord) -> None:
-        """Store a record of the slot."""
+        """Store a record of the slot.
+
+        A ``weights`` or ``optimizer`` record updates the tensors it names and
+        keeps the others, so that a range of a larger stored model (a shared
+        ``model_slot``) updates only its own blocks.
+        """
+        if part in ("weights", "optimizer") and isinstance(record, ArrayRecord):
+            stored = self.array(part)
+            if stored is not None and not set(stored.keys()) <= set(record.keys()):
+                record = ArrayRecord({**{k: stored[k] for k in stored.keys()}, **{k: record[k] for k in record.keys()}})
         self.node.state[self._key(part)] = record
 
     def drop(self, *parts: str) -> None:
@@ -125,18 +154,18 @@ class _Slot:
         return int(batch["start"]), int(batch["end"])
 
     def model(self, start: int, end: int) -> BlockModel:
-        """Blocks ``[start, end)`` with the slot's stored weights.
+        """Blocks ``[start, end)`` with the slot's stored weights (which may hold more blocks).
 
         Raises:
-            ValueError: the stored weights belong to another block range.
+            ValueError: the stored weights lack some of these blocks.
         """
         model = self.node.task.build_segment(start, end)
         stored = self.array("weights")
         if stored is not None:
-            state = P.record_state(stored)
-            if set(state) != set(model.state_dict()):
+            keys = list(model.state_dict())
+            if not set(keys) <= set(stored.keys()):
                 raise ValueError(f"slot '{self.name}' holds other blocks than [{start}, {end}); send weights")
-            model.load_state_dict(state)
+            model.load_state_dict({k: P.record_tensor(stored, k) for k in keys})
         return model
 
     def load_weights(self, record: ArrayRecord) -> None:
@@ -160,6 +189,9 @@ class _Slot:
         """After ``backward()``: accumulate ``weight``·grad, or step at once."""
         if cfg.accumulate:
             self.put("accum", accumulate_gradients(model, self.array("accum"), cfg.weight))
+            if any(True for _ in model.buffers()):
+                # keep the BatchNorm running statistics this forward pass updated
+                self.put("weights", P.state_record(model.state_dict()))
             return
         if cfg.weight != 1.0:
             for p in model.parameters():
@@ -199,9 +231,9 @@ class _Node:
             self.state[key] = ConfigRecord()
         return self.state.config_records[key]
 
-    def slot(self, name: str) -> _Slot:
-        """The model slot ``name``."""
-        return _Slot(self, name)
+    def slot(self, name: str, model_slot: str = "") -> _Slot:
+        """The model slot ``name`` (using ``model_slot``'s model when given)."""
+        return _Slot(self, name, model_slot)
 
     def sample(self, batch_size: int) -> tuple[ConfigRecord, torch.Tensor, torch.Tensor]:
         """Sample the next batch of own data: ``(batch record, x, y)``."""
@@ -212,12 +244,24 @@ class _Node:
         x, y = load_batch(self.task, self.partition_id, idx, step)
         return ConfigRecord({"indices": idx.tolist(), "step": step}), x, y
 
+    def forward_seed(self) -> int:
+        """A fresh dropout seed for a training forward pass, from ``(seed, partition, counter)``.
+
+        Stored in the slot's batch record, so that ``train.backward``
+        recomputes the forward pass with the same dropout masks.
+        """
+        rec = self.config(RNG_KEY)
+        count = int(rec.get("forwards", 0))
+        rec["forwards"] = count + 1
+        return zo_seed(self.task.seed, STREAM_DROPOUT, self.partition_id, count)
+
     def forward(self, slot: _Slot, model: BlockModel, start: int, end: int, batch_size: int) -> RecordDict:
-        """Sample the next own batch, run blocks ``[start, end)``, remember the batch."""
+        """Sample the next own batch, run blocks ``[start, end)``, remember the batch (and its dropout seed)."""
         record, x, y = self.sample(batch_size)
         record["start"], record["end"] = start, end
+        record[RNG_SEED] = seed = self.forward_seed()
         slot.put("batch", record)
-        with torch.no_grad():
+        with torch.no_grad(), fixed_rng(seed):
             acts = model(x)
         return RecordDict({P.ACTIVATIONS: P.tensor_record("x", acts), P.LABELS: P.tensor_record("y", y)})
 
@@ -298,7 +342,7 @@ def train_forward(msg: Message, context: Context) -> Message:
     """Run a block range of a slot on own data or a relayed input (see :class:`~fl_app.protocol.ForwardConfig`)."""
     node = _Node(context)
     cfg = P.ForwardConfig.from_record(msg.content.config_records[P.CONFIG])
-    slot = node.slot(cfg.slot)
+    slot = node.slot(cfg.slot, cfg.model_slot)
     if P.WEIGHTS in msg.content.array_records:
         slot.load_weights(msg.content.array_records[P.WEIGHTS])
     end = cfg.end or node.task.cut_layer
@@ -315,9 +359,10 @@ def train_forward(msg: Message, context: Context) -> Message:
         stored = {"x": x} if y is None else {"x": x, "y": y}
         slot.put("input", P.state_record(stored))
         record = ConfigRecord({"start": cfg.start, "end": end})
+    record[RNG_SEED] = seed = node.forward_seed()
     slot.put("batch", record)
     if not cfg.loss:
-        with torch.no_grad():
+        with torch.no_grad(), fixed_rng(seed):
             out = model(x)
         content = RecordDict({P.ACTIVATIONS: P.tensor_record("x", out)})
         if y is not None:
@@ -327,7 +372,8 @@ def train_forward(msg: Message, context: Context) -> Message:
         raise ValueError("train.forward with loss=true needs labels")
     x.requires_grad_(cfg.start > 0)
     model.train()
-    loss = nn.functional.cross_entropy(model(x), y)
+    with fixed_rng(seed):
+        loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     slot.apply_gradients(model, cfg)
     content = RecordDict({**_input_gradient_record(x, cfg.start),
@@ -340,14 +386,15 @@ def train_backward(msg: Message, context: Context) -> Message:
     """Recompute the slot's stored forward, apply the received gradient (see :class:`~fl_app.protocol.BackwardConfig`)."""
     node = _Node(context)
     cfg = P.BackwardConfig.from_record(msg.content.config_records[P.CONFIG])
-    slot = node.slot(cfg.slot)
+    slot = node.slot(cfg.slot, cfg.model_slot)
     start, end = slot.range
     model = slot.model(start, end)
     x, _ = slot.stored_input()
     grad = P.record_tensor(msg.content.array_records[P.GRADIENT], "g")
     x.requires_grad_(start > 0)
     model.train()
-    acts = model(x)
+    with fixed_rng(slot.batch.get(RNG_SEED)):  # the first pass's dropout masks
+        acts = model(x)
     if acts.shape != grad.shape:
         raise ValueError(f"gradient shape {tuple(grad.shape)} != activation shape {tuple(acts.shape)}")
     acts.backward(grad)
@@ -364,7 +411,7 @@ def train_step(msg: Message, context: Context) -> Message:
     node = _Node(context)
     cfg = P.StepConfig.from_record(msg.content.config_records[P.CONFIG])
     slot = node.slot(cfg.slot)
-    model = slot.model(*slot.range)
+    model = slot.model(*((cfg.start, cfg.end) if cfg.end else slot.range))
     opt = slot.optimizer(model, cfg)
     if load_gradients(model, slot.array("accum")):
         slot.step(model, opt, cfg.clip_norm)
@@ -414,11 +461,12 @@ def train_fit(msg: Message, context: Context) -> Message:
     cfg = P.FitConfig.from_record(msg.content.config_records[P.CONFIG])
     model = node.task.build_model()
     model.load_state_dict(P.record_state(msg.content.array_records[P.WEIGHTS]))
-    loss = local_fit(
-        model, node.task, node.partition_id, node.config(SAMPLER_KEY),
-        iterations=cfg.local_iterations, batch_size=cfg.batch_size, clip_norm=cfg.clip_norm,
-        lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, optimizer=cfg.optimizer,
-    )
+    with fixed_rng(node.forward_seed()):  # dropout masks reproducible on every engine
+        loss = local_fit(
+            model, node.task, node.partition_id, node.config(SAMPLER_KEY),
+            iterations=cfg.local_iterations, batch_size=cfg.batch_size, clip_norm=cfg.clip_norm,
+            lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, optimizer=cfg.optimizer,
+        )
     info = ConfigRecord({P.INFO_NUM_EXAMPLES: node.task.num_examples(node.partition_id), P.INFO_TRAIN_LOSS: loss})
     return Message(RecordDict({P.WEIGHTS: P.state_record(model.state_dict()), P.INFO: info}), reply_to=msg)
 

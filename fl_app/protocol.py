@@ -189,6 +189,11 @@ class ForwardConfig(OptimizerConfig):
     with the gradient w.r.t. the range's input (when ``start > 0``) and the
     loss in :data:`INFO`. Otherwise it replies with the range's output
     (:data:`ACTIVATIONS`) and the labels.
+
+    ``model_slot`` names another slot whose weights, optimizer state and
+    accumulator this slot uses (empty: its own); the slot keeps only its
+    stored input. RingSFL: every path through a node trains blocks of that
+    node's one local model, each path keeping its input in its own slot.
     """
 
     action: ClassVar[str] = TRAIN_FORWARD
@@ -199,6 +204,7 @@ class ForwardConfig(OptimizerConfig):
     loss: bool = False
     accumulate: bool = False
     weight: float = 1.0
+    model_slot: str = ""
 
 
 @dataclass(frozen=True)
@@ -211,7 +217,8 @@ class BackwardConfig(OptimizerConfig):
     ``train.step``) or clipped and stepped at once. The reply holds the
     gradient w.r.t. the range's input when the range does not start at 0,
     plus, by ``next``: the next batch's activations (``batch_size``), the
-    slot's weights and example count, or nothing more.
+    slot's weights and example count, or nothing more. ``model_slot`` as in
+    :class:`ForwardConfig`.
     """
 
     action: ClassVar[str] = TRAIN_BACKWARD
@@ -220,18 +227,23 @@ class BackwardConfig(OptimizerConfig):
     batch_size: int = 0
     accumulate: bool = False
     weight: float = 1.0
+    model_slot: str = ""
 
 
 @dataclass(frozen=True)
 class StepConfig(OptimizerConfig):
     """``train.step``: apply the slot's accumulated gradient (clip, SGD step with ``lr_scale``), clear it.
 
+    The blocks ``[start, end)`` are stepped (``end`` 0: the range of the
+    slot's last forward); RingSFL steps a node's whole model, ``[0, W)``.
     With ``return_weights`` the reply holds the slot's new weights.
     """
 
     action: ClassVar[str] = TRAIN_STEP
     slot: str = OWN_SLOT
     return_weights: bool = False
+    start: int = 0
+    end: int = 0
 
 
 @dataclass(frozen=True)

@@ -53,12 +53,14 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     Raises:
         ConfigError: unknown strategy, dataset, model or heterogeneity model,
             missing data, impossible partition, cut layer out of range,
-            batch size larger than a partition.
+            batch size larger than a partition, or a strategy's own check
+            (``check_config``, e.g. RingSFL's propagation lengths).
     """
     strategy_cls = get_strategy(cfg.strategy)
     profiles = draw_profiles(cfg.heterogeneity, cfg.num_clients, cfg.seed, downlink=cfg.downlink)
     task = load_task(cfg)
     check_batch_size(task, cfg.batch_size)
+    strategy_cls.check_config(cfg, task)
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output-dir '{out}' exists and is not a directory")

@@ -432,6 +432,31 @@ class HomogeneousModel(DeviceModel):
         return DeviceProfile(partition_id=partition_id, flops_per_s=DEFAULT_FLOPS_PER_S)
 
 
+@register_device_model
+class RingTestbedModel(DeviceModel):
+    """RingSFL's prototype: 2 PCs and the rest Raspberry Pis, all on 135 Mbit/s links (RingSFL Sec. 4.1.1).
+
+    The paper's testbed has two PC nodes (Intel i7-11700) as ``u_0, u_1`` and
+    three Raspberry Pi 4 nodes (Cortex-A72 @ 1.5 GHz) as ``u_2 … u_4``, with
+    D2D TCP rates of 135 Mbit/s. It gives no FLOP/s figures; we take
+    :data:`PC_FLOPS_PER_S` = 2e10 for a PC and :data:`PI_FLOPS_PER_S` = 2.5e9
+    for a Pi (the 8:1 ratio of single-core PyTorch throughput we assume for
+    the two CPUs). Client ``k < 2`` is a PC, every other client a Pi; uplink
+    (and, with ``downlink``, downlink) at 135 Mbit/s; no stragglers.
+    """
+
+    name = "ringsfl-testbed"
+    PC_FLOPS_PER_S: float = 2e10
+    PI_FLOPS_PER_S: float = 2.5e9
+    LINK_BPS: float = 135e6
+
+    def profile(self, partition_id: int, seed: int, *, downlink: bool) -> DeviceProfile:
+        """A PC for partitions 0 and 1, a Raspberry Pi otherwise."""
+        flops = self.PC_FLOPS_PER_S if partition_id < 2 else self.PI_FLOPS_PER_S
+        return DeviceProfile(partition_id=partition_id, flops_per_s=flops, uplink_bps=self.LINK_BPS,
+                             downlink_bps=self.LINK_BPS if downlink else math.inf)
+
+
 #: Names of the built-in device models (the ``heterogeneity`` config key);
 #: :func:`device_model_names` also lists models registered later.
 HETEROGENEITY: tuple[str, ...] = device_model_names()
@@ -453,6 +478,8 @@ def draw_profiles(
       ``f = 5e9`` FLOP/s for all, infinite rates, ``straggler="exponential"``.
     * ``"none"`` (:class:`HomogeneousModel`): ``f = 5e9`` FLOP/s for all,
       infinite rates, no stragglers.
+    * ``"ringsfl-testbed"`` (:class:`RingTestbedModel`, RingSFL's prototype):
+      2 PCs (2e10 FLOP/s) then Raspberry Pis (2.5e9 FLOP/s), 135 Mbit/s links.
 
     Profile ``k`` is drawn from its own generator
     ``np.random.default_rng([seed, 1, k])``, so it depends only on

@@ -96,6 +96,9 @@ class SFLStrategy(Strategy):
     name: ClassVar[str] = ""
     #: Run-config keys this class adds to the common ones (see :meth:`all_options`).
     options: ClassVar[tuple[Option, ...]] = ()
+    #: Rate (bits/s) of the device-to-device links that requests with
+    #: ``d2d_bits`` use (RingSFL's relay hops); infinite: such hops are free.
+    d2d_bps: float = math.inf
 
     def __init__(self, cfg: RunConfig, task: Task, *, clock: Clock, timing: Timing,
                  recorder: Any = None, progress: bool = True) -> None:
@@ -145,6 +148,17 @@ class SFLStrategy(Strategy):
         raise NotImplementedError("sflower strategies evaluate centrally")
 
     @classmethod
+    def check_config(cls, cfg: RunConfig, task: Task) -> None:
+        """Strategy-specific checks of a configuration against its task, before anything runs.
+
+        Called by :func:`fl_app.server_app.plan_run`, so bad input fails
+        before any output is written. The default accepts everything.
+
+        Raises:
+            ConfigError: the configuration does not fit this strategy (one line).
+        """
+
+    @classmethod
     def all_options(cls) -> list[Option]:
         """The strategy's own run-config options and those of its base classes, base first."""
         seen: dict[str, Option] = {}
@@ -176,6 +190,9 @@ class SFLStrategy(Strategy):
         if num_rounds is not None:
             self.cfg = self.cfg.replace(global_iterations=num_rounds)
         self.summary()
+        # Server-side randomness drawn from torch's global generator (dropout in a
+        # server-side model) follows the seed; clients draw theirs under fixed_rng.
+        torch.manual_seed(self.cfg.seed)
         try:
             self.connect(grid, timeout if timeout is not None else self.cfg.node_timeout)
             self.initialize()
@@ -313,8 +330,7 @@ class SFLStrategy(Strategy):
             self.bytes_down += request.payload_bytes
         draw = self._draws[pid]
         self._draws[pid] += 1
-        duration = self.timing.duration(pid, request.flops, request.bits_up, request.download_bits, draw)
-        return self.dispatcher.send(pid, request, duration)
+        return self.dispatcher.send(pid, request, self._duration(pid, request, draw))
 
     def expected_duration(self, pid: int, request: Request) -> float:
         """Seconds the timing model expects ``request`` to take on client ``pid``.
@@ -323,7 +339,15 @@ class SFLStrategy(Strategy):
         RingSFL's propagation lengths). Random straggler delays are replaced by
         their mean; nothing is sent and no random draw is consumed.
         """
-        return self.timing.duration(pid, request.flops, request.bits_up, request.download_bits, None)
+        return self._duration(pid, request, None)
+
+    def _duration(self, pid: int, request: Request, draw: int | None) -> float:
+        """Compute and client-server transfer time of ``request``, plus its D2D hop
+        (``request.d2d_bits`` at :attr:`d2d_bps`) when it has one."""
+        seconds = self.timing.duration(pid, request.flops, request.bits_up, request.download_bits, draw)
+        if request.d2d_bits:
+            seconds += self.timing.link_duration(request.d2d_bits, self.d2d_bps)
+        return seconds
 
     def receive(self, until: float | None = None) -> Reply | None:
         """The next reply in clock order (see :meth:`Dispatcher.next_reply`).

@@ -11,6 +11,7 @@ arrival order, with :class:`ZeroTiming`.
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 
@@ -46,6 +47,21 @@ class Timing(ABC):
         by their mean).
         """
 
+    def link_duration(self, bits: float, rate_bps: float) -> float:
+        """Seconds to send ``bits`` over a direct device-to-device link of ``rate_bps`` bits/s.
+
+        RingSFL's relay hops (its paper, Sec. 4.1.1: 135 Mbit/s D2D links).
+        ``0`` bits, or an infinite rate, take 0 s.
+
+        Raises:
+            ValueError: negative or non-finite ``bits``, or a non-positive rate.
+        """
+        if not (bits >= 0 and math.isfinite(bits)):
+            raise ValueError(f"bits must be a non-negative finite number, got {bits!r}")
+        if not rate_bps > 0:
+            raise ValueError(f"link rate must be positive (bits/s), got {rate_bps!r}")
+        return 0.0 if bits == 0 or math.isinf(rate_bps) else bits / rate_bps
+
 
 class WallClock(Clock):
     """Real elapsed seconds since construction; replies in arrival order."""
@@ -69,4 +85,8 @@ class ZeroTiming(Timing):
     def duration(self, partition_id: int, flops: float, bits_up: float = 0.0,
                  bits_down: float = 0.0, draw: int | None = 0) -> float:
         """Always 0.0 seconds, whatever the work or ``draw``."""
+        return 0.0
+
+    def link_duration(self, bits: float, rate_bps: float) -> float:
+        """Always 0.0 seconds: with the wall clock, transfers take their real time."""
         return 0.0

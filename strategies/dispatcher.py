@@ -52,6 +52,12 @@ class Request:
             origin client and the hop of a relayed batch).
         metered: count its payload in ``bytes_up``/``bytes_down`` (False for
             evaluation-only traffic that the algorithm itself would not send).
+        d2d_bits: bits the node sends straight to another node over a
+            device-to-device link (a RingSFL relay hop), charged at the
+            strategy's D2D rate (:attr:`~strategies.base.SFLStrategy.d2d_bps`)
+            instead of as uplink; 0 for ordinary requests. Flower has no
+            node-to-node channel, so the bytes really travel through the
+            ServerApp; only the virtual clock charges them as one D2D hop.
     """
 
     action: str
@@ -61,6 +67,7 @@ class Request:
     bits_down: float | None = None
     tag: Any = None
     metered: bool = True
+    d2d_bits: float = 0.0
 
     @property
     def payload_bytes(self) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from fl_app import protocol as P
+from fl_app.config import Option
 from fl_app.models import BlockModel
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.registry import register
@@ -117,15 +119,45 @@ class SplitFedV2(SyncSplitStrategy):
 class VanillaSL(SplitFedV2):
     """Vanilla split learning (Gupta & Raskar 2018): the cohort's clients train in turn.
 
-    Each client runs its E local iterations from the previous client's
-    client-side model, against one server-side model; a global iteration is
-    one pass over the cohort (``concurrency`` clients), so its virtual time
-    is the sum of theirs.
+    One client-side model passes from client to client, against one
+    server-side model. ``sl-order`` says when it moves on:
+
+    * ``client`` (default): each client runs its E local iterations from the
+      previous client's client-side model; a global iteration is one pass over
+      the cohort (``concurrency`` clients, in selection order), so its virtual
+      time is the sum of theirs.
+    * ``batch``: the RingSFL authors' baseline (DESIGN.md section 7): the model
+      moves to the next client after every batch, round-robin over the cohort
+      in partition order, continuing where the previous global iteration
+      stopped. A global iteration is E batches in all, the paper's
+      ``local_epoch × batch_num`` steps of SL per round (RingSFL, footnote 2).
+      Each batch is a forward with the current client-side model, one server
+      step, and a backward whose reply returns the client-side model.
     """
 
     name = "vanilla-sl"
+    options = (Option("sl-order", "client", "vanilla SL: the client-side model moves to the next client after "
+                      "its E local iterations (client) or after every batch, round-robin (batch; RingSFL's baseline)",
+                      ("client", "batch")),)
+
+    def initialize(self) -> None:
+        """The split model, the server optimizer, and the round-robin position (``sl-order=batch``)."""
+        super().initialize()
+        self.turn = 0
 
     def run_round(self, cohort: list[int]) -> None:
-        """One SplitFed-V2 round per client, in selection order."""
-        for pid in cohort:
-            super().run_round([pid])
+        """``client``: one SplitFed-V2 round per client, in selection order; ``batch``: E batches, round-robin."""
+        if self.cfg.sl_order == "client":
+            for pid in cohort:
+                super().run_round([pid])
+            return
+        order = sorted(cohort)
+        for _ in range(self.cfg.local_iterations):
+            pid = order[self.turn % len(order)]
+            self.turn += 1
+            replies = self.gather({pid: self.forward_request(self.cfg.batch_size, self.start_weights())})
+            if pid not in replies:
+                continue  # the client failed and is excluded; the model stays where it was
+            (grad,) = self.server_iteration({pid: self.smashed_of(pid, replies[pid])}).values()
+            replies = self.gather({pid: self.backward_request(grad, P.NEXT_WEIGHTS)})
+            self.collect_client_models({p: self.weights_of(c)[0] for p, c in replies.items()})

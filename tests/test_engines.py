@@ -99,7 +99,7 @@ def test_same_config_same_metrics(tmp_path):
 # =============================================================================
 
 
-@pytest.mark.parametrize("strategy", ["splitfed-v1", "gas", "psl", "mu-splitfed"])
+@pytest.mark.parametrize("strategy", ["splitfed-v1", "gas", "psl", "mu-splitfed", "ringsfl"])
 def test_ray_matches_inprocess(tmp_path, strategy):
     from fl_app.server_app import plan_run
     from simulation.engine import run_inprocess, run_ray
@@ -123,6 +123,8 @@ def test_ray_matches_inprocess(tmp_path, strategy):
             "test_accuracy", "test_loss"]
     if strategy == "psl":
         cols += ["client_accuracy_min", "client_accuracy_max"]
+    if strategy == "ringsfl":  # 2 ring steps of 3 clients relayed through the ServerApp, lengths from speeds
+        cols += ["train_loss", "d2d_bytes", "ring_size"]
     for col in cols:
         assert [r[col] for r in rows_ray] == [r[col] for r in rows_local], col
     assert float(rows_local[1]["test_loss"]) != float(rows_local[0]["test_loss"])  # training happened

@@ -298,3 +298,17 @@ def test_timing_errors():
     p = DeviceProfile(partition_id=0, flops_per_s=1e9)
     with pytest.raises(ConfigError):
         DeviceTiming([p, p], seed=0)
+
+
+def test_ringsfl_testbed_profiles_and_their_lengths():
+    """RingSFL's prototype: 2 PCs (2e10 FLOP/s) then Pis (2.5e9), 135 Mbit/s. On LeNet-5's 12 blocks
+    the lengths 12·C_i/ΣC = 5.05, 5.05, 0.63, 0.63, 0.63 round (largest remainder) to 5, 5, 1, 1, 0;
+    the last is raised to 1 with a block from the first of the longest: 4, 5, 1, 1, 1."""
+    from simulation.heterogeneity import draw_profiles
+    from strategies.ringsfl import propagation_lengths
+
+    profiles = draw_profiles("ringsfl-testbed", 5, seed=3)
+    assert [p.flops_per_s for p in profiles] == [2e10, 2e10, 2.5e9, 2.5e9, 2.5e9]
+    assert all(p.uplink_bps == 135e6 and p.downlink_bps == math.inf for p in profiles)
+    assert draw_profiles("ringsfl-testbed", 5, seed=3, downlink=True)[4].downlink_bps == 135e6
+    assert propagation_lengths([p.flops_per_s for p in profiles], 12) == [4, 5, 1, 1, 1]
