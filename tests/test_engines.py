@@ -99,7 +99,7 @@ def test_same_config_same_metrics(tmp_path):
 # =============================================================================
 
 
-@pytest.mark.parametrize("strategy", ["splitfed-v1", "gas", "psl", "mu-splitfed", "ringsfl"])
+@pytest.mark.parametrize("strategy", ["splitfed-v1", "gas", "psl", "gapsl", "mu-splitfed", "ringsfl"])
 def test_ray_matches_inprocess(tmp_path, strategy):
     from fl_app.server_app import plan_run
     from simulation.engine import run_inprocess, run_ray
@@ -121,8 +121,10 @@ def test_ray_matches_inprocess(tmp_path, strategy):
     # actors have, and float results depend on the thread count.
     cols = ["global_iteration", "server_updates", "virtual_time_s", "bytes_up", "bytes_down", "exchanges",
             "test_accuracy", "test_loss"]
-    if strategy == "psl":
+    if strategy in ("psl", "gapsl"):
         cols += ["client_accuracy_min", "client_accuracy_max"]
+    if strategy == "gapsl":  # LGI/GDA on the per-client server-side gradients select the same clients
+        cols += ["gda_selected"]
     if strategy == "ringsfl":  # 2 ring steps of 3 clients relayed through the ServerApp, lengths from speeds
         cols += ["train_loss", "d2d_bytes", "ring_size"]
     for col in cols:
