@@ -88,6 +88,7 @@ DEFAULTS: dict[str, Any] = {
     "drop-per-round": 0,
     "sl-order": "client",
     # run control
+    "preset": "",
     "seed": 0,
     "eval-every": 1,
     "eval-samples": 0,
@@ -106,9 +107,18 @@ CORE_KEYS: tuple[str, ...] = (
     "strategy", "dataset", "data-dir", "model", "cut-layer", "num-clients", "concurrency",
     "partition", "alpha", "shards", "min-partition-size", "heterogeneity", "batch-parallel",
     "downlink", "straggler-rate", "global-iterations", "local-iterations", "batch-size", "lr", "client-lr", "server-lr-split", "optimizer", "init", "momentum",
-    "weight-decay", "clip-norm", "seed", "eval-every", "eval-samples", "target-accuracy",
+    "weight-decay", "clip-norm", "preset", "seed", "eval-every", "eval-samples", "target-accuracy",
     "max-virtual-time", "clock", "node-timeout", "output-dir",
 )
+
+
+#: Named sets of keys (``preset=NAME``); keys given explicitly win over the preset's.
+PRESETS: dict[str, dict[str, Any]] = {
+    # The GAS authors' published code (github.com/eejiarong/GAS): PyTorch's own
+    # init, uniform client-model averaging, and a batch timed as one sample's
+    # FLOPs (README: "Presets").
+    "gas-reference": {"init": "torch-default", "aggregation": "uniform", "batch-parallel": True},
+}
 
 
 @dataclass(frozen=True)
@@ -185,12 +195,25 @@ class RunConfig:
     def from_mapping(cls, overrides: Mapping[str, Any] | None = None) -> RunConfig:
         """Defaults updated with ``overrides``; keys may use ``-`` or ``_``.
 
+        ``preset=NAME`` (:data:`PRESETS`) sets its keys, except those given
+        here with a value other than their default.
+
         Raises:
             ConfigError: on an unknown key, a value of the wrong type, or a
                 value outside its allowed range.
         """
         values = dict(DEFAULTS)
-        for raw_key, value in (overrides or {}).items():
+        overrides = dict(overrides or {})
+        preset = str(overrides.get("preset", "") or "")
+        if preset:
+            if preset not in PRESETS:
+                raise ConfigError(f"unknown preset '{preset}'; choose one of: {', '.join(PRESETS)}")
+            # Under `flwr run` every key arrives (with its default), so a key counts
+            # as given only when its value differs from the default.
+            keyed = {str(k).replace("_", "-"): v for k, v in overrides.items()}
+            given = {k for k, v in keyed.items() if k in DEFAULTS and _coerce(k, v) != DEFAULTS[k]}
+            overrides.update({k: v for k, v in PRESETS[preset].items() if k not in given})
+        for raw_key, value in overrides.items():
             key = str(raw_key).replace("_", "-")
             if key not in DEFAULTS:
                 close = [k for k in DEFAULTS if k.split("-")[0] == key.split("-")[0]]

@@ -897,3 +897,19 @@ def test_cli_strategies_prints_options(capsys):
     gas = out.split("\ngas ", 1)[1].split("\nminibatch-sfl", 1)[0]
     assert "buffer-models=0" in gas and "covariance=full" in gas and "full|diagonal" in gas
     assert "\npsl " in out and "\nvanilla-sl " in out
+
+
+def test_gas_reference_preset():
+    """preset=gas-reference sets the GAS authors' choices; a key given with a non-default value wins;
+    under `flwr run` every key arrives with its default and the preset still applies."""
+    from fl_app.config import DEFAULTS, RunConfig
+    from fl_app.errors import ConfigError
+
+    cfg = RunConfig.from_mapping({"preset": "gas-reference"})
+    assert (cfg.init, cfg.aggregation, cfg.batch_parallel) == ("torch-default", "uniform", True)
+    mine = RunConfig.from_mapping({"preset": "gas-reference", "init": "ringsfl"})
+    assert (mine.init, mine.aggregation) == ("ringsfl", "uniform")
+    assert RunConfig.from_mapping({**DEFAULTS, "preset": "gas-reference"}).init == "torch-default"
+    assert RunConfig.from_mapping({}).init == "default"
+    with pytest.raises(ConfigError, match="unknown preset 'gas'"):
+        RunConfig.from_mapping({"preset": "gas"})
