@@ -29,6 +29,13 @@ dropout masks: every training forward pass runs under a stored seed, see
 :func:`fl_app.models.fixed_rng`), then applies
 the received gradient: clipped and stepped at once, or accumulated (weighted)
 for a later ``train.step``.
+
+Where a node's ``context.state`` is the same object from one message to the
+next (the in-process engine), the node also keeps its live models and the
+autograd graphs of its forward passes, only as a cache of what the state
+holds (:mod:`fl_app.live`): a message then skips rebuilding its model, and
+``train.backward`` reuses the forward pass's own graph instead of recomputing
+it. Nothing changes numerically; under Ray and in deployment nothing is kept.
 """
 
 from __future__ import annotations
@@ -43,8 +50,9 @@ from torch import nn
 from fl_app import protocol as P
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
+from fl_app.live import committing, live_cache
 from fl_app.models import BlockModel, fixed_rng
-from fl_app.task import Task, load_task
+from fl_app.task import Task, load_device_task, load_task
 from fl_app.zo import STREAM_ZO_CLIENT, direction, num_parameters, perturbed_outputs, shapes_of, spsa_gradient, zo_seed
 from fl_app.training import (
     accumulate_gradients,
@@ -113,7 +121,7 @@ class _Slot:
 
     def array(self, part: str) -> ArrayRecord | None:
         """The slot's ArrayRecord ``part`` (``weights``, ``optimizer``, ...), or None."""
-        return self.node.state.array_records.get(self._key(part))
+        return P.get_array(self.node.state, self._key(part))
 
     def put(self, part: str, record: ArrayRecord | ConfigRecord) -> None:
         """Store a record of the slot.
@@ -125,14 +133,14 @@ class _Slot:
         if part in ("weights", "optimizer") and isinstance(record, ArrayRecord):
             stored = self.array(part)
             if stored is not None and not set(stored.keys()) <= set(record.keys()):
-                record = ArrayRecord({**{k: stored[k] for k in stored.keys()}, **{k: record[k] for k in record.keys()}})
+                record = P.array_record({**{k: stored[k] for k in stored.keys()}, **{k: record[k] for k in record.keys()}})
         self.node.state[self._key(part)] = record
 
     def drop(self, *parts: str) -> None:
         """Remove records of the slot (absent ones are ignored)."""
         for part in parts:
             key = self._key(part)
-            if key in self.node.state.array_records or key in self.node.state.config_records:
+            if isinstance(self.node.state.get(key), (ArrayRecord, ConfigRecord)):
                 del self.node.state[key]
 
     @property
@@ -142,10 +150,10 @@ class _Slot:
         Raises:
             RuntimeError: the slot has run no forward pass yet.
         """
-        key = self._key("batch")
-        if key not in self.node.state.config_records:
+        record = P.get_config(self.node.state, self._key("batch"))
+        if record is None:
             raise RuntimeError(f"slot '{self.name}' has no stored forward pass: send train.forward first")
-        return self.node.state.config_records[key]
+        return record
 
     @property
     def range(self) -> tuple[int, int]:
@@ -159,14 +167,41 @@ class _Slot:
         Raises:
             ValueError: the stored weights lack some of these blocks.
         """
-        model = self.node.task.build_segment(start, end)
         stored = self.array("weights")
+        if self.node.live is not None:  # the node's live model, where its state persists (fl_app.live)
+            model = self.node.live.checkout(self.node.task, self.store, start, end, stored, self.name)
+            if model is not None:
+                return model
+        model = self.node.task.build_segment(start, end)
         if stored is not None:
             keys = list(model.state_dict())
             if not set(keys) <= set(stored.keys()):
                 raise ValueError(f"slot '{self.name}' holds other blocks than [{start}, {end}); send weights")
             model.load_state_dict({k: P.record_tensor(stored, k) for k in keys})
         return model
+
+    def store_weights(self, model: BlockModel) -> None:
+        """Store ``model``'s weights (a larger stored model keeps its other blocks)."""
+        self.put("weights", P.state_record(model.state_dict()))
+        if self.node.live is not None:
+            self.node.live.stored(model, self.array("weights"))
+
+    def run_forward(self, model: BlockModel, x: torch.Tensor, seed: int, start: int) -> torch.Tensor:
+        """The training forward pass of the slot's stored batch (stored first), without its gradient.
+
+        Under ``no_grad``; or, where the node keeps live objects
+        (:mod:`fl_app.live`), with autograd on, keeping the graph for the
+        slot's ``train.backward`` (the same outputs either way).
+        """
+        live = self.node.live
+        if live is None or live.checked_out(model) is None:
+            with torch.no_grad(), fixed_rng(seed):
+                return model(x)
+        x.requires_grad_(start > 0)  # as train.backward would set it
+        with fixed_rng(seed):
+            out = model(x)
+        live.keep_graph(self.name, model, self.batch, self.array("input") if start > 0 else None, x, out)
+        return out.detach()
 
     def load_weights(self, record: ArrayRecord) -> None:
         """Replace the weights; reset the optimizer and the accumulator."""
@@ -182,7 +217,7 @@ class _Slot:
     def step(self, model: BlockModel, opt: torch.optim.SGD, clip_norm: float) -> None:
         """Clip, step and store the weights and momentum buffers."""
         clip_and_step(model, opt, clip_norm)
-        self.put("weights", P.state_record(model.state_dict()))
+        self.store_weights(model)
         self.put("optimizer", optimizer_record(model, opt))
 
     def apply_gradients(self, model: BlockModel, cfg: P.ForwardConfig | P.BackwardConfig) -> None:
@@ -191,7 +226,7 @@ class _Slot:
             self.put("accum", accumulate_gradients(model, self.array("accum"), cfg.weight))
             if any(True for _ in model.buffers()):
                 # keep the BatchNorm running statistics this forward pass updated
-                self.put("weights", P.state_record(model.state_dict()))
+                self.store_weights(model)
             return
         if cfg.weight != 1.0:
             for p in model.parameters():
@@ -212,13 +247,17 @@ class _Slot:
 class _Node:
     """A view of one node's persistent state for the duration of a message."""
 
-    def __init__(self, context: Context) -> None:
-        if P.TASK not in context.state.config_records:
+    def __init__(self, context: Context, *, need_id: bool = True) -> None:
+        task = P.get_config(context.state, P.TASK)
+        if task is None:
             raise RuntimeError("node has no task: the server must send query.info first")
         self.context = context
-        self.cfg = RunConfig.from_mapping(dict(context.state.config_records[P.TASK]))
-        self.task: Task = load_task(self.cfg)
-        self.partition_id = _partition_id(context, self.cfg)
+        data_dir = _data_dir(context)
+        self.cfg, self.task = _device_task_of(task, data_dir) if data_dir else _task_of(task)
+        #: this node's partition id (:data:`UNASSIGNED` only during the handshake, see :func:`_partition_id`)
+        self.partition_id = _partition_id(context, self.cfg, need_id)
+        #: the node's live models and graphs, where its state persists between messages (:mod:`fl_app.live`)
+        self.live = live_cache(context.state)
 
     @property
     def state(self) -> RecordDict:
@@ -227,9 +266,10 @@ class _Node:
 
     def config(self, key: str) -> ConfigRecord:
         """The ConfigRecord ``key`` of the node state, created empty when absent."""
-        if key not in self.state.config_records:
-            self.state[key] = ConfigRecord()
-        return self.state.config_records[key]
+        record = P.get_config(self.state, key)
+        if record is None:
+            record = self.state[key] = ConfigRecord()
+        return record
 
     def slot(self, name: str, model_slot: str = "") -> _Slot:
         """The model slot ``name`` (using ``model_slot``'s model when given)."""
@@ -261,8 +301,7 @@ class _Node:
         record["start"], record["end"] = start, end
         record[RNG_SEED] = seed = self.forward_seed()
         slot.put("batch", record)
-        with torch.no_grad(), fixed_rng(seed):
-            acts = model(x)
+        acts = slot.run_forward(model, x, seed, start)
         return RecordDict({P.ACTIVATIONS: P.tensor_record("x", acts), P.LABELS: P.tensor_record("y", y)})
 
     def zo_forward(self, slot: _Slot, model: BlockModel, end: int, batch_size: int, perturbations: int,
@@ -289,24 +328,120 @@ class _Node:
         })
 
 
-def _partition_id(context: Context, cfg: RunConfig) -> int:
+#: Recent task records (snapshots of their contents), their RunConfig and task, newest first (see :func:`_task_of`).
+_CONFIGS: list[tuple[dict, RunConfig, Task]] = []
+
+
+def _task_of(record: ConfigRecord) -> tuple[RunConfig, Task]:
+    """The run configuration and task of a node's task record.
+
+    ``RunConfig.from_mapping`` checks every key, which cost more than a small
+    relay message's compute, so the configurations (and their tasks, from
+    :func:`~fl_app.task.load_task`) of the last few task records are kept,
+    matched by the records' contents, not their identity: a node whose state
+    was copied (Ray, deployment) gets what a fresh computation gives.
+    """
+    values = dict(record.items())
+    for snapshot, cfg, task in _CONFIGS:
+        if snapshot == values:
+            return cfg, task
+    cfg = RunConfig.from_mapping(values)
+    task = load_task(cfg)
+    _CONFIGS.insert(0, ({k: list(v) if isinstance(v, list) else v for k, v in values.items()}, cfg, task))
+    del _CONFIGS[4:]
+    return cfg, task
+
+
+def _partition_id(context: Context, cfg: RunConfig, required: bool = True) -> int:
+    """The node's identity: the partition id that seeds its randomness and that the server knows it by.
+
+    * ``partition-id`` in ``node_config`` (simulation, or a device that is
+      given one): that id; without ``data-dir`` the node trains on that
+      partition of the run's dataset.
+    * Only ``data-dir``: the id the server assigned in the handshake (kept in
+      ``context.state`` under :data:`IDENTITY_KEY` for the rest of the run);
+      :data:`UNASSIGNED` before that when not ``required``.
+
+    Raises:
+        ConfigError: neither key; ``num-partitions`` differs from the run's
+            ``num-clients``; the id is out of range.
+        RuntimeError: ``required`` and no id has been assigned yet.
+    """
     cfg_node = context.node_config
-    if "partition-id" not in cfg_node:
-        raise ConfigError("node_config has no 'partition-id' (start the SuperNode with --node-config 'partition-id=K num-partitions=N')")
-    pid = int(cfg_node["partition-id"])
     num = int(cfg_node.get("num-partitions", cfg.num_clients))
     if num != cfg.num_clients:
         raise ConfigError(f"node has num-partitions={num} but the run has num-clients={cfg.num_clients}")
+    if "partition-id" in cfg_node:
+        pid = int(cfg_node["partition-id"])
+    elif _data_dir(context):
+        record = context.state.get(IDENTITY_KEY)
+        if not isinstance(record, ConfigRecord):
+            if required:
+                raise RuntimeError("node has no partition id yet: the server assigns one in the handshake (query.info)")
+            return UNASSIGNED
+        pid = int(record[P.INFO_PARTITION_ID])
+    else:
+        raise ConfigError("node_config has neither 'data-dir' nor 'partition-id' (start the SuperNode with "
+                          "--node-config 'data-dir=DIR' or, in simulation, 'partition-id=K num-partitions=N')")
     if not 0 <= pid < cfg.num_clients:
         raise ConfigError(f"partition-id {pid} out of range 0..{cfg.num_clients - 1}")
     return pid
 
 
+#: ``node_config`` key of a node's own data directory (device-local data, ``--node-config data-dir=DIR``).
+NODE_DATA_DIR = "data-dir"
+#: ConfigRecord of the node state holding (``partition-id``) the id the server assigned at the handshake.
+IDENTITY_KEY = "node.identity"
+#: The partition id a node reports in the handshake before it has one (device-local data, none given).
+UNASSIGNED = -1
+#: (task record contents, data dir) -> (RunConfig, device Task), for this process (see :func:`_device_task_of`).
+_DEVICE_TASKS: dict[tuple, tuple[RunConfig, Task]] = {}
+
+
+def _data_dir(context: Context) -> str:
+    """The node's own data directory from its ``node_config`` (``""``: none, the simulation path)."""
+    return str(context.node_config.get(NODE_DATA_DIR, "") or "").strip()
+
+
+def _device_task_of(record: ConfigRecord, data_dir: str) -> tuple[RunConfig, Task]:
+    """The run configuration and the task of a node that holds its own data in ``data_dir``.
+
+    The task is :func:`~fl_app.task.load_device_task`'s (the run's model, the
+    examples in ``data_dir``); the run's own ``data-dir`` is not read. Cached
+    per record contents and directory.
+
+    Raises:
+        ConfigError: bad configuration, or bad data in ``data_dir`` (one line).
+    """
+    key = (tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in record.items()), data_dir)
+    hit = _DEVICE_TASKS.get(key)
+    if hit is None:
+        cfg = RunConfig.from_mapping(dict(record))
+        hit = (cfg, load_device_task(cfg, data_dir))
+        if len(_DEVICE_TASKS) >= 8:
+            _DEVICE_TASKS.clear()
+        _DEVICE_TASKS[key] = hit
+    return hit
+
+
 @app.query("info")
 def query_info(msg: Message, context: Context) -> Message:
-    """Handshake: store the task, reply partition id, size and label histogram."""
-    context.state[P.TASK] = ConfigRecord(dict(msg.content.config_records[P.TASK]))
-    node = _Node(context)
+    """Handshake: store the task, reply partition id, size and label histogram.
+
+    Size and histogram are those of the node's training examples: its
+    partition of the run's dataset, or every example in its own ``data-dir``.
+    A node with its own data and no ``partition-id`` replies
+    :data:`UNASSIGNED` until the server assigns it an id: a second
+    ``query.info`` whose ``info`` record carries ``partition-id``.
+    """
+    context.state[P.TASK] = ConfigRecord(dict(P.config_of(msg.content, P.TASK)))
+    assigned = P.get_config(msg.content, P.INFO)
+    if assigned is not None and P.INFO_PARTITION_ID in assigned:
+        if "partition-id" in context.node_config:
+            raise ConfigError(f"the server assigned partition {assigned[P.INFO_PARTITION_ID]} to a node whose "
+                              f"node_config sets partition-id={context.node_config['partition-id']}")
+        context.state[IDENTITY_KEY] = ConfigRecord({P.INFO_PARTITION_ID: int(assigned[P.INFO_PARTITION_ID])})
+    node = _Node(context, need_id=False)
     hist = node.task.histogram(node.partition_id)
     info = ConfigRecord({
         P.INFO_PARTITION_ID: node.partition_id,
@@ -338,13 +473,15 @@ def _then(node: _Node, model: BlockModel, nxt: str, forward: Callable[[], Record
 
 
 @app.train("forward")
+@committing
 def train_forward(msg: Message, context: Context) -> Message:
     """Run a block range of a slot on own data or a relayed input (see :class:`~fl_app.protocol.ForwardConfig`)."""
     node = _Node(context)
-    cfg = P.ForwardConfig.from_record(msg.content.config_records[P.CONFIG])
+    cfg = P.ForwardConfig.from_record(P.config_of(msg.content, P.CONFIG))
     slot = node.slot(cfg.slot, cfg.model_slot)
-    if P.WEIGHTS in msg.content.array_records:
-        slot.load_weights(msg.content.array_records[P.WEIGHTS])
+    weights = P.get_array(msg.content, P.WEIGHTS)
+    if weights is not None:
+        slot.load_weights(weights)
     end = cfg.end or node.task.cut_layer
     model = slot.model(cfg.start, end)
     if cfg.start == 0:
@@ -353,20 +490,21 @@ def train_forward(msg: Message, context: Context) -> Message:
         record, x, y = node.sample(cfg.batch_size)
         record["start"], record["end"] = cfg.start, end
     else:
-        arrays = msg.content.array_records
-        x = P.record_tensor(arrays[P.ACTIVATIONS], "x")
-        y = P.record_tensor(arrays[P.LABELS], "y") if P.LABELS in arrays else None
-        stored = {"x": x} if y is None else {"x": x, "y": y}
-        slot.put("input", P.state_record(stored))
+        acts, labels = P.array_of(msg.content, P.ACTIVATIONS), P.get_array(msg.content, P.LABELS)
+        x = P.record_tensor(acts, "x")
+        y = P.record_tensor(labels, "y") if labels is not None else None
+        # kept (and the labels passed on) as received: the bytes that re-encoding x and y gives
+        inputs = {"x": P.canonical(acts["x"])} if labels is None else \
+            {"x": P.canonical(acts["x"]), "y": P.canonical(labels["y"])}
+        slot.put("input", P.array_record(inputs))
         record = ConfigRecord({"start": cfg.start, "end": end})
     record[RNG_SEED] = seed = node.forward_seed()
     slot.put("batch", record)
     if not cfg.loss:
-        with torch.no_grad(), fixed_rng(seed):
-            out = model(x)
+        out = slot.run_forward(model, x, seed, cfg.start)
         content = RecordDict({P.ACTIVATIONS: P.tensor_record("x", out)})
         if y is not None:
-            content[P.LABELS] = P.tensor_record("y", y)
+            content[P.LABELS] = P.array_record({"y": inputs["y"]}) if cfg.start > 0 else P.tensor_record("y", y)
         return Message(content, reply_to=msg)
     if y is None:
         raise ValueError("train.forward with loss=true needs labels")
@@ -382,19 +520,26 @@ def train_forward(msg: Message, context: Context) -> Message:
 
 
 @app.train("backward")
+@committing
 def train_backward(msg: Message, context: Context) -> Message:
     """Recompute the slot's stored forward, apply the received gradient (see :class:`~fl_app.protocol.BackwardConfig`)."""
     node = _Node(context)
-    cfg = P.BackwardConfig.from_record(msg.content.config_records[P.CONFIG])
+    cfg = P.BackwardConfig.from_record(P.config_of(msg.content, P.CONFIG))
     slot = node.slot(cfg.slot, cfg.model_slot)
     start, end = slot.range
     model = slot.model(start, end)
-    x, _ = slot.stored_input()
-    grad = P.record_tensor(msg.content.array_records[P.GRADIENT], "g")
-    x.requires_grad_(start > 0)
-    model.train()
-    with fixed_rng(slot.batch.get(RNG_SEED)):  # the first pass's dropout masks
-        acts = model(x)
+    grad = P.record_tensor(P.array_of(msg.content, P.GRADIENT), "g")
+    graph = None
+    if node.live is not None:  # the forward pass's own graph, where it is exactly what recomputing gives
+        graph = node.live.take_graph(slot.name, model, slot.batch, slot.array("input") if start > 0 else None)
+    if graph is not None:
+        x, acts = graph.x, graph.out
+    else:
+        x, _ = slot.stored_input()
+        x.requires_grad_(start > 0)
+        model.train()
+        with fixed_rng(slot.batch.get(RNG_SEED)):  # the first pass's dropout masks
+            acts = model(x)
     if acts.shape != grad.shape:
         raise ValueError(f"gradient shape {tuple(grad.shape)} != activation shape {tuple(acts.shape)}")
     acts.backward(grad)
@@ -406,10 +551,11 @@ def train_backward(msg: Message, context: Context) -> Message:
 
 
 @app.train("step")
+@committing
 def train_step(msg: Message, context: Context) -> Message:
     """Apply a slot's accumulated gradient (see :class:`~fl_app.protocol.StepConfig`)."""
     node = _Node(context)
-    cfg = P.StepConfig.from_record(msg.content.config_records[P.CONFIG])
+    cfg = P.StepConfig.from_record(P.config_of(msg.content, P.CONFIG))
     slot = node.slot(cfg.slot)
     model = slot.model(*((cfg.start, cfg.end) if cfg.end else slot.range))
     opt = slot.optimizer(model, cfg)
@@ -421,23 +567,26 @@ def train_step(msg: Message, context: Context) -> Message:
 
 
 @app.train("zo_forward")
+@committing
 def train_zo_forward(msg: Message, context: Context) -> Message:
     """Unperturbed and perturbed embeddings of a new batch (see :class:`~fl_app.protocol.ZOForwardConfig`)."""
     node = _Node(context)
-    cfg = P.ZOForwardConfig.from_record(msg.content.config_records[P.CONFIG])
+    cfg = P.ZOForwardConfig.from_record(P.config_of(msg.content, P.CONFIG))
     slot = node.slot(cfg.slot)
-    if P.WEIGHTS in msg.content.array_records:
-        slot.load_weights(msg.content.array_records[P.WEIGHTS])
+    weights = P.get_array(msg.content, P.WEIGHTS)
+    if weights is not None:
+        slot.load_weights(weights)
     end = cfg.end or node.task.cut_layer
     content = node.zo_forward(slot, slot.model(0, end), end, cfg.batch_size, cfg.perturbations, cfg.smoothing)
     return Message(content, reply_to=msg)
 
 
 @app.train("zo_update")
+@committing
 def train_zo_update(msg: Message, context: Context) -> Message:
     """ZO step from the loss differences; no backward pass (see :class:`~fl_app.protocol.ZOUpdateConfig`)."""
     node = _Node(context)
-    cfg = P.ZOUpdateConfig.from_record(msg.content.config_records[P.CONFIG])
+    cfg = P.ZOUpdateConfig.from_record(P.config_of(msg.content, P.CONFIG))
     slot = node.slot(cfg.slot)
     start, end = slot.range
     model = slot.model(start, end)
@@ -458,9 +607,9 @@ def train_zo_update(msg: Message, context: Context) -> Message:
 def train_fit(msg: Message, context: Context) -> Message:
     """Full-model local training for the FL baselines (FedAvg, FedBuff, CA2FL)."""
     node = _Node(context)
-    cfg = P.FitConfig.from_record(msg.content.config_records[P.CONFIG])
+    cfg = P.FitConfig.from_record(P.config_of(msg.content, P.CONFIG))
     model = node.task.build_model()
-    model.load_state_dict(P.record_state(msg.content.array_records[P.WEIGHTS]))
+    model.load_state_dict(P.record_state(P.array_of(msg.content, P.WEIGHTS)))
     with fixed_rng(node.forward_seed()):  # dropout masks reproducible on every engine
         loss = local_fit(
             model, node.task, node.partition_id, node.config(SAMPLER_KEY),
@@ -475,9 +624,9 @@ def train_fit(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Evaluate sent full-model weights on the test set or the local partition."""
     node = _Node(context)
-    cfg = P.EvaluateConfig.from_record(msg.content.config_records.get(P.CONFIG))
+    cfg = P.EvaluateConfig.from_record(P.get_config(msg.content, P.CONFIG))
     model = node.task.build_model()
-    model.load_state_dict(P.record_state(msg.content.array_records[P.WEIGHTS]))
+    model.load_state_dict(P.record_state(P.array_of(msg.content, P.WEIGHTS)))
     if cfg.split == P.SPLIT_LOCAL:
         part = node.task.partitions[node.partition_id]
         batches = (node.task.data.train_batch(part[i:i + 1000]) for i in range(0, len(part), 1000))

@@ -37,6 +37,7 @@ with their types, encoded by :meth:`ActionConfig.to_record` and decoded by
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import typing
 from collections.abc import Mapping
@@ -45,7 +46,8 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.common.constant import SType
 
 # --- actions (message types) -------------------------------------------------
 QUERY_INFO = "query.info"
@@ -119,9 +121,9 @@ class ActionConfig:
     def to_record(self) -> ConfigRecord:
         """The ConfigRecord sent in the message."""
         out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[_key(f.name)] = list(value) if isinstance(value, tuple) else value
+        for key, (name, _) in _fields(type(self)).items():
+            value = getattr(self, name)
+            out[key] = list(value) if isinstance(value, tuple) else value
         return ConfigRecord(out)
 
     @classmethod
@@ -131,24 +133,29 @@ class ActionConfig:
         Raises:
             ValueError: an unknown key, or a value that cannot be converted to its field's type.
         """
-        record = record or {}
-        hints = typing.get_type_hints(cls)
-        unknown = set(record) - {_key(f.name) for f in dataclasses.fields(cls)}
+        given = dict(record.items()) if record else {}
+        fields = _fields(cls)
+        unknown = given.keys() - fields.keys()
         if unknown:
             raise ValueError(f"unknown {cls.action or cls.__name__} config keys: {', '.join(sorted(unknown))}")
         values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            key = _key(f.name)
-            if key not in record:
-                continue
-            kind, raw = hints[f.name], record[key]
+        for key, raw in given.items():
+            name, kind = fields[key]
             if kind is bool:
-                values[f.name] = bool(raw)
+                values[name] = bool(raw)
             elif kind in (int, float, str):
-                values[f.name] = kind(raw)
+                values[name] = kind(raw)
             else:  # tuple[float, ...]
-                values[f.name] = tuple(float(v) for v in raw)
+                values[name] = tuple(float(v) for v in raw)
         return cls(**values)
+
+
+@functools.cache
+def _fields(cls: type) -> dict[str, tuple[str, Any]]:
+    """``record key -> (field name, type)`` of an :class:`ActionConfig` class, in field order (cached:
+    ``typing.get_type_hints`` is slow)."""
+    hints = typing.get_type_hints(cls)
+    return {_key(f.name): (f.name, hints[f.name]) for f in dataclasses.fields(cls)}
 
 
 @dataclass(frozen=True)
@@ -299,28 +306,155 @@ class EvaluateConfig(ActionConfig):
 
 
 # --- codecs --------------------------------------------------------------------
+#
+# An :class:`~flwr.app.Array` holds its tensor as the bytes of a ``.npy`` file
+# (``np.save``). ``np.save``/``np.load`` format and parse the ``.npy`` header on
+# every call (``np.load`` through ``ast.literal_eval``), which dominated the
+# cost of small relayed records. The header depends only on the dtype and the
+# shape, so :func:`_encode` caches it per ``(dtype, shape)`` and :func:`_decode`
+# caches the parsed header per header bytes; the bytes written are exactly
+# ``np.save``'s, and an unusual array (not C-contiguous, empty, object dtype)
+# takes the plain ``np.save``/``np.load`` path.
+
+_NPY_HEADERS: dict[tuple[np.dtype, tuple[int, ...]], bytes] = {}
+_NPY_PARSED: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _encode(arr: np.ndarray) -> Array:
+    """``Array(arr)``, byte for byte, with the ``.npy`` header cached per dtype and shape."""
+    if not arr.flags.c_contiguous or arr.dtype.hasobject or arr.size == 0:
+        return Array(arr)
+    key = (arr.dtype, arr.shape)
+    header = _NPY_HEADERS.get(key)
+    if header is None:
+        full = Array(arr)
+        if len(_NPY_HEADERS) < 4096:
+            _NPY_HEADERS[key] = full.data[:len(full.data) - arr.nbytes]
+        return full
+    data = b"".join((header, arr.data)) if arr.ndim else header + arr.tobytes()  # one copy
+    return Array(dtype=str(arr.dtype), shape=tuple(arr.shape), stype=SType.NUMPY, data=data)
+
+
+def _decode(array: Array) -> np.ndarray:
+    """``array.numpy()`` as a fresh, writable copy, with the parsed ``.npy`` header cached."""
+    view = _view(array)
+    return view.copy() if view is not None else np.array(array.numpy(), copy=True)
+
+
+def _view(array: Array) -> np.ndarray | None:
+    """A read-only view of ``array``'s values on its bytes (no copy), or None for an unusual array."""
+    data = array.data
+    if array.stype == SType.NUMPY and data[:6] == _NPY_MAGIC and len(data) > 12:
+        if data[6] == 1:
+            offset = 10 + int.from_bytes(data[8:10], "little")
+        else:
+            offset = 12 + int.from_bytes(data[8:12], "little")
+        header = data[:offset]
+        parsed = _NPY_PARSED.get(header)
+        if parsed is None:
+            parsed = _parse_header(header, len(data) - offset)
+        if parsed is not None and len(data) - offset == parsed[2] * parsed[0].itemsize:
+            dtype, shape, count = parsed
+            return np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+    return None
+
+
+def _parse_header(header: bytes, payload: int) -> tuple[np.dtype, tuple[int, ...], int] | None:
+    """``(dtype, shape, count)`` of a C-order, non-empty, non-object ``.npy`` header whose
+    payload has the expected size (cached); None for anything else."""
+    import io
+
+    from numpy.lib import format as npy
+
+    fh = io.BytesIO(header)
+    try:
+        version = npy.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran, dtype = npy.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, fortran, dtype = npy.read_array_header_2_0(fh)
+        else:
+            return None
+    except Exception:  # noqa: BLE001 - np.load will report it
+        return None
+    count = math.prod(shape)
+    if fortran or dtype.hasobject or count == 0 or count * dtype.itemsize != payload or fh.read():
+        return None
+    out = (dtype, tuple(shape), count)
+    if len(_NPY_PARSED) < 4096:
+        _NPY_PARSED[header] = out
+    return out
+
+
+def tensor_array(tensor: torch.Tensor) -> Array:
+    """One tensor (any dtype, any shape) as an :class:`~flwr.app.Array` (``.npy`` bytes)."""
+    return _encode(tensor.detach().cpu().contiguous().numpy())
+
+
+def numpy_array(arr: np.ndarray) -> Array:
+    """One NumPy array as an :class:`~flwr.app.Array`, the bytes :func:`tensor_array` writes for it."""
+    return _encode(np.ascontiguousarray(arr))
+
+
+def record_view(record: ArrayRecord, name: str) -> np.ndarray:
+    """The values of ``record[name]`` as a read-only NumPy array, without a copy where possible
+    (for reading only; :func:`record_tensor` gives a writable tensor)."""
+    view = _view(record[name])
+    return view if view is not None else record[name].numpy()
+
+
+def canonical(array: Array) -> Array:
+    """``array`` itself when it holds exactly the bytes that decoding and re-encoding it give
+    (what :func:`tensor_array` writes, as any array it wrote does), else that re-encoding.
+
+    Lets a record keep or pass on arrays it received without a decode and
+    encode round trip, and without changing a byte.
+    """
+    if array.stype == SType.NUMPY:
+        try:
+            dtype = np.dtype(array.dtype)
+        except TypeError:
+            dtype = None
+        if dtype is not None:
+            shape = tuple(array.shape)
+            header = _NPY_HEADERS.get((dtype, shape))
+            if header is not None and len(array.data) == len(header) + dtype.itemsize * math.prod(shape) \
+                    and array.data.startswith(header):
+                return array
+    return _encode(_decode(array))
+
+
+def array_record(arrays: Mapping[str, Array]) -> ArrayRecord:
+    """An ArrayRecord holding ``arrays`` themselves.
+
+    ``ArrayRecord(dict)`` copies every :class:`~flwr.app.Array` (the same
+    fields, the same bytes): a cost on the relay path and nothing more.
+    """
+    record = ArrayRecord()
+    for name, array in arrays.items():
+        record[name] = array
+    return record
 
 
 def tensor_record(name: str, tensor: torch.Tensor) -> ArrayRecord:
     """Wrap one tensor (any dtype, any shape) in an ArrayRecord under ``name``."""
-    return ArrayRecord({name: Array(tensor.detach().cpu().contiguous().numpy())})
+    return array_record({name: tensor_array(tensor)})
 
 
 def record_tensor(record: ArrayRecord, name: str) -> torch.Tensor:
     """The tensor stored by :func:`tensor_record` (a fresh, writable copy)."""
-    return torch.from_numpy(np.array(record[name].numpy(), copy=True))
+    return torch.from_numpy(_decode(record[name]))
 
 
 def state_record(state: Mapping[str, torch.Tensor]) -> ArrayRecord:
     """Encode a torch ``state_dict`` (or any name -> tensor mapping)."""
-    return ArrayRecord(
-        {k: Array(v.detach().cpu().contiguous().numpy()) for k, v in state.items()}
-    )
+    return array_record({k: _encode(v.detach().cpu().contiguous().numpy()) for k, v in state.items()})
 
 
 def record_state(record: ArrayRecord) -> dict[str, torch.Tensor]:
     """Decode an ArrayRecord made by :func:`state_record` into tensors."""
-    return {k: torch.from_numpy(np.array(a.numpy(), copy=True)) for k, a in record.items()}
+    return {k: torch.from_numpy(_decode(a)) for k, a in record.items()}
 
 
 def record_bytes(record: ArrayRecord | None) -> int:
@@ -329,3 +463,53 @@ def record_bytes(record: ArrayRecord | None) -> int:
     if record is None:
         return 0
     return int(sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in record.values()))
+
+
+def array_records(content: RecordDict) -> dict[str, ArrayRecord]:
+    """The ArrayRecords of ``content`` by key, as a plain dict.
+
+    Equal to ``dict(content.array_records)``, which builds a synchronised copy
+    of the records on every access (a cost on the relay path).
+    """
+    return {k: v for k, v in content.items() if isinstance(v, ArrayRecord)}
+
+
+def config_records(content: RecordDict) -> dict[str, ConfigRecord]:
+    """The ConfigRecords of ``content`` by key, as a plain dict (see :func:`array_records`)."""
+    return {k: v for k, v in content.items() if isinstance(v, ConfigRecord)}
+
+
+def get_array(content: RecordDict, key: str) -> ArrayRecord | None:
+    """``content.array_records.get(key)`` without copying the records."""
+    value = content.get(key)
+    return value if isinstance(value, ArrayRecord) else None
+
+
+def get_config(content: RecordDict, key: str) -> ConfigRecord | None:
+    """``content.config_records.get(key)`` without copying the records."""
+    value = content.get(key)
+    return value if isinstance(value, ConfigRecord) else None
+
+
+def array_of(content: RecordDict, key: str) -> ArrayRecord:
+    """``content.array_records[key]`` without copying the records.
+
+    Raises:
+        KeyError: ``content`` has no ArrayRecord ``key``.
+    """
+    value = content.get(key)
+    if not isinstance(value, ArrayRecord):
+        raise KeyError(key)
+    return value
+
+
+def config_of(content: RecordDict, key: str) -> ConfigRecord:
+    """``content.config_records[key]`` without copying the records.
+
+    Raises:
+        KeyError: ``content`` has no ConfigRecord ``key``.
+    """
+    value = content.get(key)
+    if not isinstance(value, ConfigRecord):
+        raise KeyError(key)
+    return value

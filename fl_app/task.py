@@ -4,19 +4,26 @@ Both sides build the same :class:`Task` from the run configuration: the
 ServerApp to evaluate and to time work, each ClientApp to train on its
 partition. Building it is cached per process, because a ClientApp is
 called once per message.
+
+A node with device-local data (``--node-config data-dir=DIR``) builds its
+task with :func:`load_device_task` instead: the same model, but the data
+is the examples in its own directory and its one partition is all of them.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from fl_app.config import RunConfig
-from fl_app.data import ImageDataset, label_histogram, load_dataset, partition_indices
+from fl_app.data import ImageDataset, label_histogram, load_dataset, load_device_dataset, partition_indices
 from fl_app.errors import ConfigError
 from fl_app.models import BlockModel, BlockProfile, build_model, profile_blocks, split_model
 
@@ -33,7 +40,9 @@ class Task:
 
     Attributes:
         data: the dataset (training and test split, uint8 in memory).
-        partitions: ``num-clients`` int64 index arrays into the training set.
+        partitions: ``num-clients`` int64 index arrays into the training set
+            (a device task: :class:`DevicePartition`, the device's examples
+            under any partition id).
         model_name: a name from :data:`fl_app.models.MODELS`.
         cut_layer: the default cut; the client-side model is blocks
             ``[0, cut_layer)``.
@@ -45,7 +54,7 @@ class Task:
     """
 
     data: ImageDataset
-    partitions: tuple[np.ndarray, ...]
+    partitions: Sequence[np.ndarray]
     model_name: str
     cut_layer: int
     seed: int
@@ -118,6 +127,109 @@ def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
     )
     task.split()  # validates model name and cut layer
     return task
+
+
+class DevicePartition(Sequence):
+    """The one partition of a device task: all ``n`` training examples, under any partition id.
+
+    A node with device-local data indexes ``task.partitions[partition_id]``
+    with its own id (as the training code does in simulation); every id gives
+    ``arange(n)``, so that the id only seeds the node's randomness. Its length
+    is 1 and it iterates over that one array.
+    """
+
+    def __init__(self, n: int) -> None:
+        self._all = np.arange(int(n), dtype=np.int64)
+        self._all.setflags(write=False)
+
+    def __getitem__(self, partition_id: int) -> np.ndarray:  # type: ignore[override]
+        return self._all
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        yield self._all
+
+
+def load_device_task(cfg: RunConfig, data_dir: str) -> Task:
+    """The task of a node that holds its own data in ``data_dir`` (cached per process).
+
+    The model (``model``, ``cut-layer``, ``seed``, ``init``) is the run's; the
+    data is every training example in ``data_dir``, read as the run's
+    ``dataset`` (see :func:`fl_app.data.load_device_dataset`); the run's
+    ``data-dir`` and partition keys are not used. ``task.partitions[k]`` is
+    all the examples for any ``k`` (:class:`DevicePartition`).
+
+    Raises:
+        ConfigError: missing or empty directory, files of another format,
+            corrupt files, wrong image shape (one line each); unknown model or
+            cut layer out of range.
+    """
+    key = tuple((k, cfg.get(k)) for k in TASK_KEYS)
+    return _load_device_task(key, str(data_dir))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_device_task(key: tuple[tuple[str, object], ...], data_dir: str) -> Task:
+    values = dict(key)
+    data = load_device_dataset(str(values["dataset"]), data_dir)
+    task = Task(
+        data=data,
+        partitions=DevicePartition(data.x_train.shape[0]),
+        model_name=str(values["model"]),
+        cut_layer=int(values["cut-layer"]),
+        seed=int(values["seed"]),
+        partition_scheme="device",
+        init=str(values["init"]),
+    )
+    task.split()  # validates model name and cut layer
+    return task
+
+
+#: Run-config keys that define a run's partitions (what ``sflower partition`` takes, besides ``out``).
+PARTITION_KEYS = ("dataset", "data-dir", "num-clients", "partition", "alpha", "shards", "seed", "min-partition-size")
+
+
+def write_partition_dirs(cfg: RunConfig, out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Write each partition of the run's training set to ``out_dir/partition-K`` (``sflower partition``).
+
+    The partitions are the simulation's (:func:`load_task`'s, from the
+    :data:`PARTITION_KEYS` of ``cfg``), each written in the device format of
+    the dataset (:func:`fl_app.data.write_training_files`), in partition
+    order, so that a node started with ``data-dir=out_dir/partition-K`` and
+    ``partition-id=K`` trains exactly like simulated client ``K``. Each
+    directory also gets ``partition.json`` (dataset, partition id and scheme,
+    size, label histogram), for people: nodes do not read it.
+
+    Returns:
+        The ``num-clients`` directories, ``partition-0`` first.
+
+    Raises:
+        ConfigError: the configuration (dataset, data, partition) is bad, or
+            ``out_dir`` exists and is not a directory.
+    """
+    import json
+
+    from fl_app.data import write_training_files
+
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"out '{out_dir}' exists and is not a directory")
+    task = load_task(cfg)
+    scheme = ({"alpha": cfg.alpha, "min-partition-size": cfg.min_partition_size} if cfg.partition == "dirichlet"
+              else {"shards": cfg.shards} if cfg.partition == "shard" else {})
+    x, y = task.data.x_train.numpy(), task.data.y_train.numpy()
+    dirs = []
+    for k, part in enumerate(task.partitions):
+        d = out / f"partition-{k}"
+        write_training_files(task.data.name, x[part], y[part], d)
+        meta = {"dataset": task.data.name, "partition-id": k, "num-partitions": len(task.partitions),
+                "partition": cfg.partition, "seed": cfg.seed, **scheme, "num-examples": int(len(part)),
+                "label-histogram": task.histogram(k).tolist()}
+        (d / "partition.json").write_text(json.dumps(meta) + "\n")
+        dirs.append(d)
+    return dirs
 
 
 def check_batch_size(task: Task, batch_size: int) -> None:

@@ -15,7 +15,16 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from torch import nn
 
-from fl_app.protocol import record_state, state_record
+from fl_app.protocol import (
+    array_record,
+    canonical,
+    numpy_array,
+    record_state,
+    record_tensor,
+    record_view,
+    state_record,
+    tensor_array,
+)
 from fl_app.task import Task, seeded_generator
 
 #: Seed-stream tags, so that the streams drawn from one run seed never overlap.
@@ -67,15 +76,24 @@ def accumulate_gradients(model: nn.Module, record: ArrayRecord | None, weight: f
         weight: the weight of this gradient, e.g. RingSFL's ``a_i = D_i / ΣD``.
 
     Returns:
-        the new accumulator, float32 tensors keyed like ``model.named_parameters()``.
+        the new accumulator, float32 tensors keyed like ``model.named_parameters()``
+        (entries without a gradient here are passed on as they are, see
+        :func:`~fl_app.protocol.canonical`).
     """
-    acc = record_state(record) if record is not None else {}
+    out = {k: canonical(a) for k, a in record.items()} if record is not None else {}
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
         g = p.grad.detach() * weight
-        acc[name] = acc[name] + g if name in acc else g
-    return state_record(acc)
+        if name not in out:
+            out[name] = tensor_array(g)
+            continue
+        old = record_view(record, name)
+        if old.dtype == g.numpy().dtype and old.shape == tuple(g.shape):
+            out[name] = numpy_array(old + g.numpy())  # float add, as torch's: the same values, one copy less
+        else:
+            out[name] = tensor_array(record_tensor(record, name) + g)
+    return array_record(out)
 
 
 def load_gradients(model: nn.Module, record: ArrayRecord | None) -> bool:

@@ -1,6 +1,6 @@
 """``sflower bench``: the system's own speed, measured side by side in one run.
 
-Not part of the test suite. Four benchmarks, each printing its figures and
+Not part of the test suite. The benchmarks, each printing its figures and
 ratios (this machine is shared and noisy, so compare within one run):
 
 * ``engine``: the same short GAS run in-process and on the Ray engine:
@@ -17,6 +17,9 @@ ratios (this machine is shared and noisy, so compare within one run):
   straightforward vs. ours (see :mod:`simulation.bench_generation`).
 * ``memory``: peak client memory of one client step, zeroth-order against
   first-order (see :mod:`simulation.bench_memory`).
+* ``ring``: one RingSFL round (LeNet-5, MNIST, 5 clients, 8:1:1:1:1) on the
+  in-process and Ray engines against a one-process oracle doing the same
+  arithmetic on the same batches (see :mod:`simulation.bench_ring`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHMARKS = ("engine", "throughput", "scale", "generation", "memory")
+BENCHMARKS = ("engine", "throughput", "scale", "generation", "memory", "ring")
 FMNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "fashion-mnist"
 
 
@@ -43,6 +46,13 @@ def _plan(**overrides: Any):
 def _fmnist_dir(data_dir: str | None) -> str:
     d = Path(data_dir) if data_dir else FMNIST_DIR
     return str(d)
+
+
+def _mnist_dir(data_dir: str | None) -> str:
+    """MNIST's IDX directory: ``mnist`` beside ``data_dir`` (which names Fashion-MNIST's), or the default."""
+    from simulation.bench_ring import MNIST_DIR
+
+    return str(Path(data_dir).parent / "mnist") if data_dir else str(MNIST_DIR)
 
 
 def bench_engine(tmp: Path, quick: bool = False) -> dict[str, Any]:
@@ -167,5 +177,9 @@ def run_benchmarks(names: list[str], quick: bool = False, data_dir: str | None =
                 from simulation import bench_memory
 
                 results[name] = bench_memory.run(quick)
+            elif name == "ring":
+                from simulation import bench_ring
+
+                results[name] = bench_ring.run(tmp, quick, _mnist_dir(data_dir))
             print(json.dumps(results[name], indent=2, default=str), flush=True)
     return results

@@ -2,7 +2,9 @@
 
 ``sflower run KEY=VALUE ...`` takes the run-config keys of
 ``pyproject.toml`` (see :data:`fl_app.config.DEFAULTS`) plus
-``engine=inprocess|ray``. Bad input prints one line and exits with status 2.
+``engine=inprocess|ray``. ``sflower partition ... out=DIR`` writes each
+partition's training files to its own directory (device-local data for a
+deployment rehearsal). Bad input prints one line and exits with status 2.
 """
 
 from __future__ import annotations
@@ -50,6 +52,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{summary['strategy']}: final accuracy {summary['final_accuracy']:.4f} "
           f"(best {summary['best_accuracy']:.4f}) after {summary['global_iterations']} global iterations, "
           f"{summary['virtual_time_s']:.1f} virtual s, {summary['wall_time_s']:.1f} wall s -> {plan.out_dir}")
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    """``sflower partition dataset=... num-clients=N partition=... out=DIR``: each partition to ``DIR/partition-K``.
+
+    Takes the run-config keys that define the partitions
+    (:data:`fl_app.task.PARTITION_KEYS`: ``dataset``, ``data-dir``,
+    ``num-clients``, ``partition``, ``alpha``, ``shards``, ``seed``,
+    ``min-partition-size``; defaults as in ``sflower run``) and ``out``. The
+    partitions equal the simulation's for the same keys; see
+    :func:`fl_app.task.write_partition_dirs`.
+    """
+    from fl_app.task import PARTITION_KEYS, write_partition_dirs
+
+    pairs = {k.replace("_", "-"): v for k, v in parse_key_values(args.pairs).items()}
+    out = pairs.pop("out", "")
+    if not out:
+        raise ConfigError("partition needs out=DIR (each partition goes to DIR/partition-K)")
+    unknown = sorted(set(pairs) - set(PARTITION_KEYS))
+    if unknown:
+        raise ConfigError(f"partition takes {', '.join(PARTITION_KEYS)} and out, not {', '.join(unknown)}")
+    cfg = RunConfig.from_mapping({**pairs, "concurrency": 1})
+    dirs = write_partition_dirs(cfg, out)
+    print(f"wrote {len(dirs)} partitions of {cfg.dataset} ({cfg.partition}) to {dirs[0].parent}/partition-0 .. "
+          f"partition-{len(dirs) - 1}")
     return 0
 
 
@@ -123,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--quick", action="store_true", help="smaller budgets")
     bn.add_argument("--data-dir", default=None, help="Fashion-MNIST directory (default ../shared/data/fashion-mnist)")
     bn.set_defaults(func=cmd_bench)
+    pt = sub.add_parser("partition", help="write each partition's training files to DIR/partition-K",
+                        description="Keys: dataset, data-dir, num-clients, partition, alpha, shards, seed, "
+                                    "min-partition-size, out (required)")
+    pt.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
+    pt.set_defaults(func=cmd_partition)
     st = sub.add_parser("strategies", help="list strategies")
     st.set_defaults(func=cmd_strategies)
     return parser

@@ -18,7 +18,7 @@ import os
 import time
 import uuid
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,18 +47,28 @@ class InProcessGrid(Grid):
         client_app: the ClientApp to call.
         num_nodes: virtual nodes; node ``i`` holds partition ``i``.
         seed: seeds the node ids.
+        node_configs: the ``node_config`` of each node, in place of
+            ``{"partition-id": i, "num-partitions": num_nodes}`` (e.g.
+            ``{"data-dir": DIR}`` for a node with its own data, as
+            ``flower-supernode --node-config`` gives it); one per node.
+
+    Raises:
+        ValueError: ``node_configs`` does not have ``num_nodes`` entries.
     """
 
-    def __init__(self, client_app: ClientApp, num_nodes: int, seed: int = 0) -> None:
+    def __init__(self, client_app: ClientApp, num_nodes: int, seed: int = 0,
+                 node_configs: Sequence[Mapping[str, Any]] | None = None) -> None:
         self.client_app = client_app
+        if node_configs is not None and len(node_configs) != num_nodes:
+            raise ValueError(f"{len(node_configs)} node configs for {num_nodes} nodes")
         rng = np.random.default_rng([seed, 99])
         ids = rng.choice(2**62, size=num_nodes, replace=False) + 1
         self.contexts: dict[int, Context] = {}
         for pid, nid in enumerate(ids):
+            node_config = ({"partition-id": pid, "num-partitions": num_nodes} if node_configs is None
+                           else dict(node_configs[pid]))
             self.contexts[int(nid)] = Context(
-                run_id=1, node_id=int(nid),
-                node_config={"partition-id": pid, "num-partitions": num_nodes},
-                state=RecordDict(), run_config={},
+                run_id=1, node_id=int(nid), node_config=node_config, state=RecordDict(), run_config={},
             )
         self._replies: dict[str, Message] = {}
         self._run = Run.create_empty(1)
@@ -110,11 +120,16 @@ class InProcessGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
-def run_inprocess(plan: RunPlan, *, progress: bool = True, client_app: ClientApp | None = None) -> dict[str, Any]:
-    """Run a planned job on the in-process engine; returns the summary."""
+def run_inprocess(plan: RunPlan, *, progress: bool = True, client_app: ClientApp | None = None,
+                  node_configs: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Run a planned job on the in-process engine; returns the summary.
+
+    ``node_configs`` (one per client) replace the simulation's node configs,
+    see :class:`InProcessGrid`.
+    """
     from fl_app.client_app import app as default_client_app
 
-    grid = InProcessGrid(client_app or default_client_app, plan.cfg.num_clients, plan.cfg.seed)
+    grid = InProcessGrid(client_app or default_client_app, plan.cfg.num_clients, plan.cfg.seed, node_configs)
     with _task_identity(grid.run.run_id):
         summary = run_server(grid, plan, progress=progress)
     summary["client_compute_s"] = grid.client_seconds

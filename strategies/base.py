@@ -12,8 +12,9 @@ DESIGN.md section 5. :class:`SFLStrategy` subclasses Flower's
   ``first``/``deadline``, ``cancel``, and :meth:`SFLStrategy.expected_duration`;
 * compute and transfer figures of any block range (:attr:`SFLStrategy.costs`);
 * evaluation of the global model, metric rows, progress, stop conditions;
-* error replies: the client's work is dropped, the client is excluded, and
-  the run goes on.
+* error replies, timeouts and malformed replies (:meth:`SFLStrategy.validate_reply`,
+  :mod:`strategies.validation`): the client's work is dropped, the client is
+  excluded with a one-line reason in the log, and the run goes on.
 
 Two loop shapes are provided:
 
@@ -48,6 +49,7 @@ from fl_app.task import Task
 from fl_app.training import evaluate_model
 from strategies.clock import Clock, Timing
 from strategies.dispatcher import SCHEDULED, Dispatcher, Pending, Reply, Request
+from strategies.validation import ReplyChecker, ReplyProblem
 
 log = logging.getLogger("sflower")
 
@@ -115,6 +117,10 @@ class SFLStrategy(Strategy):
         self.bytes_down = 0
         self.clients: dict[int, ClientInfo] = {}
         self.failed: set[int] = set()
+        #: partition id -> ``"action: reason"`` of each excluded client (in ``summary.json``)
+        self.failure_reasons: dict[int, str] = {}
+        self._non_finite: set[int] = set()
+        self._checker: ReplyChecker | None = None
         self.rows: list[dict[str, Any]] = []
         self.best_accuracy = float("nan")
         self.status = "running"
@@ -244,15 +250,22 @@ class SFLStrategy(Strategy):
         return {}
 
     def on_failure(self, partition_id: int, action: str, reason: str) -> None:
-        """Called after a client's error reply or timeout (it is already excluded)."""
+        """Called after a client's error reply, timeout or malformed reply (it is already excluded)."""
 
     # ------------------------------------------------------------------ handshake
     def connect(self, grid: Grid, timeout: float) -> None:
         """Wait for ``num-clients`` nodes, handshake, and map node ids to partitions.
 
+        A node that reports a negative partition id (device-local data and no
+        ``partition-id`` in its node_config) is assigned one of the ids no
+        node claimed, in node-id order, by a second ``query.info`` whose
+        ``info`` record carries it. Nodes beyond ``num-clients`` are left out
+        with a warning.
+
         Raises:
             RunFailedError: too few nodes within ``timeout`` seconds, or a
-                node's handshake failed, or two nodes claim one partition.
+                node's handshake failed or is malformed, or two nodes claim
+                one partition, or a partition has no node.
         """
         need = self.cfg.num_clients
         t0 = time.monotonic()
@@ -268,32 +281,89 @@ class SFLStrategy(Strategy):
             time.sleep(0.2)
             node_ids = list(grid.get_node_ids())
         task_record = ConfigRecord({k: v for k, v in self.cfg.as_dict().items()})
-        msgs = [Message(RecordDict({P.TASK: task_record}), nid, P.QUERY_INFO) for nid in node_ids]
-        ids = set(grid.push_messages(msgs))
-        replies: list[Message] = []
-        while ids:
-            if time.monotonic() - t0 > timeout:
-                raise RunFailedError(f"{len(ids)} nodes did not answer the handshake within {timeout:.0f} s")
-            got = list(grid.pull_messages(list(ids)))
-            for r in got:
-                ids.discard(r.metadata.reply_to_message_id)
-            replies.extend(got)
-            if ids:
-                time.sleep(0.01)
-        for reply in replies:
-            if reply.has_error():
-                raise RunFailedError(f"handshake failed on node {reply.metadata.src_node_id}: {reply.error.reason.strip().splitlines()[-1]}")
-            info = reply.content.config_records[P.INFO]
-            pid = int(info[P.INFO_PARTITION_ID])
-            if pid in self.clients:
-                raise RunFailedError(f"nodes {self.clients[pid].node_id} and {reply.metadata.src_node_id} both hold partition {pid}")
-            self.clients[pid] = ClientInfo(pid, reply.metadata.src_node_id, int(info[P.INFO_NUM_EXAMPLES]),
-                                           np.asarray(info[P.INFO_LABEL_HISTOGRAM], dtype=np.int64))
+        unassigned: list[int] = []
+        for nid, info in self._handshake(grid, {nid: RecordDict({P.TASK: task_record}) for nid in node_ids},
+                                         t0, timeout):
+            if int(info[P.INFO_PARTITION_ID]) < 0:  # device-local data and no partition-id: assign one below
+                unassigned.append(nid)
+            else:
+                self._register(nid, info)
+        if unassigned:
+            # Partition ids the nodes did not claim go to the nodes without one, in node-id order; the
+            # node keeps its id in its context.state for the rest of the run (fl_app.client_app._partition_id).
+            free = [p for p in range(need) if p not in self.clients]
+            unassigned.sort()
+            for nid in unassigned[len(free):]:
+                log.warning("node %d left out: all %d partition ids are taken", nid, need)
+            assigned = dict(zip(unassigned, free))
+            contents = {nid: RecordDict({P.TASK: task_record, P.INFO: ConfigRecord({P.INFO_PARTITION_ID: pid})})
+                        for nid, pid in assigned.items()}
+            for nid, info in self._handshake(grid, contents, t0, timeout):
+                if int(info[P.INFO_PARTITION_ID]) != assigned[nid]:
+                    raise RunFailedError(f"node {nid} did not take partition id {assigned[nid]} "
+                                         f"(it replied {info[P.INFO_PARTITION_ID]})")
+                self._register(nid, info)
+                log.info("node %d holds its own data: partition id %d assigned", nid, assigned[nid])
         missing = sorted(set(range(need)) - set(self.clients))
         if missing:
             raise RunFailedError(f"no node holds partitions {missing}")
         self.dispatcher = Dispatcher(grid, self.clock, {p: c.node_id for p, c in self.clients.items()},
                                      timeout=self.cfg.node_timeout)
+
+    @staticmethod
+    def _handshake(grid: Grid, contents: Mapping[int, RecordDict], t0: float,
+                   timeout: float) -> list[tuple[int, ConfigRecord]]:
+        """Send ``query.info`` with ``contents[node_id]`` to each node; ``(node id, info record)`` per reply.
+
+        Raises:
+            RunFailedError: a node answered with an error or without an info
+                record, or not all answered by ``t0 + timeout`` (monotonic s).
+        """
+        msgs = [Message(content, nid, P.QUERY_INFO) for nid, content in contents.items()]
+        ids = set(grid.push_messages(msgs))
+        replies: list[Message] = []
+        while ids:
+            got = list(grid.pull_messages(list(ids)))
+            for r in got:
+                ids.discard(r.metadata.reply_to_message_id)
+            replies.extend(got)
+            if ids and time.monotonic() - t0 > timeout:  # a reply that has arrived is never late
+                raise RunFailedError(f"{len(ids)} nodes did not answer the handshake within {timeout:g} s")
+            if ids:
+                time.sleep(0.01)
+        out = []
+        for reply in replies:
+            nid = reply.metadata.src_node_id
+            if reply.has_error():
+                raise RunFailedError(f"handshake failed on node {nid}: {_last_line(reply.error.reason)}")
+            info = reply.content.get(P.INFO)
+            if not isinstance(info, ConfigRecord) or P.INFO_PARTITION_ID not in info:
+                raise RunFailedError(f"handshake failed on node {nid}: the reply has no {P.INFO}/{P.INFO_PARTITION_ID}")
+            out.append((nid, info))
+        return out
+
+    def _register(self, nid: int, info: ConfigRecord) -> None:
+        """Record a node's handshake (partition id, size, label histogram) after checking it.
+
+        Raises:
+            RunFailedError: the partition is taken, or the size or the
+                histogram is malformed (wrong length, negative, sum != size).
+        """
+        pid = int(info[P.INFO_PARTITION_ID])
+        if pid in self.clients:
+            raise RunFailedError(f"nodes {self.clients[pid].node_id} and {nid} both hold partition {pid}")
+        try:
+            size = info[P.INFO_NUM_EXAMPLES]
+            hist = np.asarray(info[P.INFO_LABEL_HISTOGRAM], dtype=np.int64)
+        except (KeyError, TypeError, ValueError) as err:
+            raise RunFailedError(f"malformed handshake from node {nid}: {type(err).__name__}: {err}") from None
+        classes = self.task.data.num_classes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise RunFailedError(f"malformed handshake from node {nid}: {size!r} examples")
+        if hist.shape != (classes,) or (hist < 0).any() or int(hist.sum()) != size:
+            raise RunFailedError(f"malformed handshake from node {nid}: label histogram of {hist.size} "
+                                 f"counts summing to {int(hist.sum())}, expected {classes} summing to {size}")
+        self.clients[pid] = ClientInfo(pid, nid, int(size), hist)
 
     # ------------------------------------------------------------------ selection
     def live_clients(self) -> list[int]:
@@ -352,9 +422,16 @@ class SFLStrategy(Strategy):
     def receive(self, until: float | None = None) -> Reply | None:
         """The next reply in clock order (see :meth:`Dispatcher.next_reply`).
 
-        A failed client (error reply or timeout) gives a :class:`Reply` with
-        ``content=None``; the client is then excluded, its other requests
-        are cancelled, and :meth:`on_failure` is called.
+        A failed client (error reply, timeout, or a reply that
+        :meth:`validate_reply` rejects) gives a :class:`Reply` with
+        ``content=None``; the client is then excluded (one warning line in the
+        log), its other requests are cancelled, and :meth:`on_failure` is
+        called.
+
+        Raises:
+            DivergedError: the last live client was excluded and every
+                exclusion was for non-finite values.
+            RunFailedError: the last live client was excluded otherwise.
 
         Args:
             until: return None instead of a reply due after this clock time.
@@ -366,17 +443,54 @@ class SFLStrategy(Strategy):
         pending, reply = got
         pid = pending.partition_id
         if reply is None or reply.has_error():
-            reason = "timed out" if reply is None else reply.error.reason.strip().splitlines()[-1]
+            reason = "timed out" if reply is None else _last_line(reply.error.reason)
             log.warning("client %d failed on %s (%s); excluded from the run", pid, pending.action, reason)
-            self.failed.add(pid)
-            self.dispatcher.cancel(pid)
-            self.on_failure(pid, pending.action, reason)
-            if not self.live_clients():
-                raise RunFailedError("every client has failed")
-            return Reply(pid, pending.request, None, pending.due, pending.seq)
+            return self._exclude(pending, reason)
+        problem = self.validate_reply(pid, pending.request, reply.content)
+        if problem is not None:
+            log.warning("client %d sent a malformed reply to %s (%s); excluded from the run",
+                        pid, pending.action, problem.reason)
+            return self._exclude(pending, f"malformed reply: {problem.reason}", problem.non_finite)
         if pending.request.metered:
-            self.bytes_up += sum(P.record_bytes(r) for r in reply.content.array_records.values())
+            self.bytes_up += sum(P.record_bytes(r) for r in P.array_records(reply.content).values())
         return Reply(pid, pending.request, reply.content, pending.due, pending.seq)
+
+    def _exclude(self, pending: Pending, reason: str, non_finite: bool = False) -> Reply:
+        """Exclude a failed client: cancel its work, call :meth:`on_failure`, return an empty reply.
+
+        Raises:
+            DivergedError: no live client is left and every exclusion was for
+                non-finite values (the run itself diverged).
+            RunFailedError: no live client is left otherwise.
+        """
+        assert self.dispatcher is not None
+        pid = pending.partition_id
+        self.failed.add(pid)
+        self.failure_reasons[pid] = f"{pending.action}: {reason}"
+        if non_finite:
+            self._non_finite.add(pid)
+        self.dispatcher.cancel(pid)
+        self.on_failure(pid, pending.action, reason)
+        if not self.live_clients():
+            if self.failed <= self._non_finite:
+                raise DivergedError(f"every client sent non-finite values (last: client {pid}, {reason})")
+            raise RunFailedError("every client has failed")
+        return Reply(pid, pending.request, None, pending.due, pending.seq)
+
+    def validate_reply(self, pid: int, request: Request, content: RecordDict) -> ReplyProblem | None:
+        """Hook: why ``content`` is unusable as client ``pid``'s reply to ``request``, or None.
+
+        Called by :meth:`receive` on every successful reply before any
+        strategy code decodes it; a problem excludes the client like an error
+        reply. The default is :class:`~strategies.validation.ReplyChecker`
+        (records present, shapes, dtypes, batch size, label range, weight
+        names, example count, finiteness). A subclass that returns records of
+        its own may extend it (and call ``super()``).
+        """
+        if self._checker is None:
+            self._checker = ReplyChecker(self.task)
+        info = self.clients.get(pid)
+        return self._checker.problem(request, content, info.num_examples if info is not None else None)
 
     def gather_replies(self, requests: Iterable[tuple[int, Request]], *, first: int | None = None,
                        deadline: float | None = None, rest: str = "keep") -> list[Reply]:
@@ -545,6 +659,9 @@ class SFLStrategy(Strategy):
             "bytes_down": self.bytes_down,
             "exchanges": self.dispatcher.exchanges if self.dispatcher else 0,
             "failed_clients": sorted(self.failed),
+            "failure_reasons": {str(p): self.failure_reasons[p] for p in sorted(self.failure_reasons)},
+            # the handshake's sizes: with device-local data, the server's own partition_sizes do not apply
+            "client_examples": {str(p): self.clients[p].num_examples for p in sorted(self.clients)},
             "server_compute_s": self.server_compute_seconds(),
         }
 
@@ -564,6 +681,12 @@ class SFLStrategy(Strategy):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of an error reason (a traceback's final line)."""
+    lines = [line for line in str(text).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "(no reason given)"
 
 
 def _take(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], limit: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:

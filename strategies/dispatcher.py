@@ -72,7 +72,7 @@ class Request:
     @property
     def payload_bytes(self) -> int:
         """Bytes of the content's arrays (what ``bytes_down`` counts)."""
-        return sum(P.record_bytes(r) for r in self.content.array_records.values())
+        return sum(P.record_bytes(r) for r in P.array_records(self.content).values())
 
     @property
     def download_bits(self) -> float:

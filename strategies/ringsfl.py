@@ -65,6 +65,7 @@ the 1s gives 8:1:1, without the 6 and a 1 gives 4:3:3, as the authors' examples)
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Sequence
@@ -72,7 +73,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import RecordDict
+from flwr.app import ConfigRecord, RecordDict
 
 from fl_app import protocol as P
 from fl_app.config import Option, RunConfig
@@ -377,48 +378,63 @@ class RingSFL(SFLStrategy):
         steps, batch = c.local_iterations, c.batch_size
         start = P.state_record(self.model.state_dict())
 
-        def hop_request(step: int, origin: int, hop: int, relayed: RecordDict | None) -> None:
-            """Forward of ``origin``'s batch at its ``hop``-th node (input: the previous hop's reply, whose
-            activation and label records are relayed as they are); the last one computes the loss."""
+        # What a hop sends does not depend on the step: built once per (origin, hop). The config
+        # records are sent again in every step (a message's content is only read).
+        @functools.cache
+        def hop_plan(origin: int, hop: int) -> tuple[int, ConfigRecord, float, float]:
             j, a, b = paths[origin][hop]
             last = hop == n - 1
             cfg = P.ForwardConfig(slot=P.OWN_SLOT if hop == 0 else P.relay_slot(ring[origin]),
                                   model_slot="" if hop == 0 else P.OWN_SLOT, start=a, end=b, batch_size=batch,
                                   loss=last, accumulate=True, weight=weight[origin], lr=c.lr, **opt)
-            content = RecordDict({P.CONFIG: cfg.to_record()})
-            if hop == 0 and step == 0:
-                content[P.WEIGHTS] = start  # the global model, downloaded at the start of the round
-            if relayed is not None:
-                content[P.ACTIVATIONS] = relayed.array_records[P.ACTIVATIONS]
-                content[P.LABELS] = relayed.array_records[P.LABELS]
             flops = self.costs.flops(a, b, batch, backward=last)
             d2d = (self.costs.activation_bits(a, batch, labels=False) if a > 0 else 0.0) if last \
                 else self.costs.activation_bits(b, batch)
-            self._send(ring[j], Request(P.TRAIN_FORWARD, content, flops, bits_down=None if hop == 0 else 0.0,
-                                        tag=("fwd", step, origin, hop), d2d_bits=d2d))
+            return ring[j], cfg.to_record(), flops, d2d
 
-        def back_request(step: int, origin: int, hop: int, relayed: RecordDict) -> None:
-            """Backward of the gradient in ``relayed`` (the next hop's reply) through ``origin``'s
-            ``hop``-th node's range; accumulated with weight ``a_origin``."""
+        @functools.cache
+        def back_plan(origin: int, hop: int) -> tuple[int, ConfigRecord, float, float]:
             j, a, b = paths[origin][hop]
             cfg = P.BackwardConfig(slot=P.OWN_SLOT if hop == 0 else P.relay_slot(ring[origin]),
                                    model_slot="" if hop == 0 else P.OWN_SLOT, accumulate=True,
                                    weight=weight[origin], lr=c.lr, **opt)
-            content = RecordDict({P.CONFIG: cfg.to_record(), P.GRADIENT: relayed.array_records[P.GRADIENT]})
             d2d = self.costs.activation_bits(a, batch, labels=False) if a > 0 else 0.0
-            self._send(ring[j], Request(P.TRAIN_BACKWARD, content,
-                                        self.costs.flops(a, b, batch, forward=False, backward=True),
-                                        bits_down=0.0, tag=("bwd", step, origin, hop), d2d_bits=d2d))
+            return ring[j], cfg.to_record(), self.costs.flops(a, b, batch, forward=False, backward=True), d2d
+
+        @functools.cache
+        def step_plan(j: int, final: bool) -> tuple[ConfigRecord, float]:
+            lr_scale = tuple(float(max(s, 1)) for s in scale[j]) if scale is not None else ()
+            cfg = P.StepConfig(slot=P.OWN_SLOT, start=0, end=total, return_weights=final, lr=c.lr * n,
+                               lr_scale=lr_scale, **opt)
+            return cfg.to_record(), (self.costs.param_bits(0, total) if final else 0.0)
+
+        def hop_request(step: int, origin: int, hop: int, relayed: RecordDict | None) -> None:
+            """Forward of ``origin``'s batch at its ``hop``-th node (input: the previous hop's reply, whose
+            activation and label records are relayed as they are); the last one computes the loss."""
+            pid, cfg, flops, d2d = hop_plan(origin, hop)
+            content = RecordDict({P.CONFIG: cfg})
+            if hop == 0 and step == 0:
+                content[P.WEIGHTS] = start  # the global model, downloaded at the start of the round
+            if relayed is not None:
+                content[P.ACTIVATIONS] = P.array_of(relayed, P.ACTIVATIONS)
+                content[P.LABELS] = P.array_of(relayed, P.LABELS)
+            self._send(pid, Request(P.TRAIN_FORWARD, content, flops, bits_down=None if hop == 0 else 0.0,
+                                    tag=("fwd", step, origin, hop), d2d_bits=d2d))
+
+        def back_request(step: int, origin: int, hop: int, relayed: RecordDict) -> None:
+            """Backward of the gradient in ``relayed`` (the next hop's reply) through ``origin``'s
+            ``hop``-th node's range; accumulated with weight ``a_origin``."""
+            pid, cfg, flops, d2d = back_plan(origin, hop)
+            content = RecordDict({P.CONFIG: cfg, P.GRADIENT: P.array_of(relayed, P.GRADIENT)})
+            self._send(pid, Request(P.TRAIN_BACKWARD, content, flops, bits_down=0.0,
+                                    tag=("bwd", step, origin, hop), d2d_bits=d2d))
 
         def step_requests(step: int) -> None:
             """Every node applies its accumulated gradient: lr·N (eq. 6), v2 per-block overlap counts (eq. 7)."""
             final = step == steps - 1
             for j, pid in enumerate(ring):
-                lr_scale = tuple(float(max(s, 1)) for s in scale[j]) if scale is not None else ()
-                cfg = P.StepConfig(slot=P.OWN_SLOT, start=0, end=total, return_weights=final, lr=c.lr * n,
-                                   lr_scale=lr_scale, **opt)
-                bits = self.costs.param_bits(0, total) if final else 0.0
-                self._send(pid, Request(P.TRAIN_STEP, RecordDict({P.CONFIG: cfg.to_record()}), 0.0, bits,
+                cfg, bits = step_plan(j, final)
+                self._send(pid, Request(P.TRAIN_STEP, RecordDict({P.CONFIG: cfg}), 0.0, bits,
                                         tag=("step", step, j, 0)))
 
         def begin(step: int) -> None:
@@ -439,13 +455,13 @@ class RingSFL(SFLStrategy):
             kind, step, origin, hop = reply.tag
             if kind == "step":
                 if step == steps - 1:
-                    states[reply.pid] = P.record_state(reply.content.array_records[P.WEIGHTS])
+                    states[reply.pid] = P.record_state(P.array_of(reply.content, P.WEIGHTS))
                 continue
             path_done = False
             if kind == "fwd" and hop < n - 1:
                 hop_request(step, origin, hop + 1, reply.content)
             elif kind == "fwd":
-                loss = float(reply.content.config_records[P.INFO][P.INFO_LOSS])
+                loss = float(P.config_of(reply.content, P.INFO)[P.INFO_LOSS])
                 self.check_loss(torch.tensor(loss), "ring step")
                 losses.append(loss)
                 if hop > 0:

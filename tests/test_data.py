@@ -517,3 +517,101 @@ def test_public_names():
     for obj in (D.ImageDataset, D.ImageDataset.train_batch, D.ImageDataset.test_batches,
                 D.load_dataset, D.partition_indices, D.label_histogram):
         assert obj.__doc__
+
+
+# --------------------------------------------------------------------------- #
+# Device-local data (a SuperNode's own files: --node-config data-dir=DIR)
+# --------------------------------------------------------------------------- #
+
+
+def _images(rng, n, shape):
+    return rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("name", ["mnist-5k", "mnist", "fashion-mnist"])
+def test_device_idx_round_trip(name, tmp_path):
+    rng = np.random.default_rng(3)
+    x, y = _images(rng, 37, (1, 28, 28)), rng.integers(0, 10, 37)
+    written = D.write_training_files(name, x, y, tmp_path / "dev")
+    assert [p.name for p in written] == ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"]
+    ds = D.load_device_dataset(name, tmp_path / "dev")
+    assert ds.name == name and ds.input_shape == (1, 28, 28)
+    assert np.array_equal(ds.x_train.numpy(), x) and ds.y_train.tolist() == y.tolist()
+    assert ds.x_test.shape == (0, 1, 28, 28) and ds.y_test.shape == (0,)  # no test files: empty test split
+    ref = D.load_dataset("mnist-5k") if name == "mnist-5k" else None
+    if ref is not None:
+        assert ds.mean == ref.mean and ds.std == ref.std
+    # the files are the ones the existing IDX parser reads, byte-identical for the same examples
+    assert D_files._read_idx(written[1], 2049).tolist() == y.tolist()
+    again = D.write_training_files(name, x, y, tmp_path / "again")
+    assert [p.read_bytes() for p in again] == [p.read_bytes() for p in written]
+
+
+def test_device_idx_layouts(tmp_path):
+    """Uncompressed files, the DIR/<dataset> subdirectory, and optional test files are all read."""
+    arrays = _write_idx_set(tmp_path / "fashion-mnist", n_train=12, n_test=5, gz=False)
+    ds = D.load_device_dataset("fashion-mnist", tmp_path)
+    assert np.array_equal(ds.x_train[:, 0].numpy(), arrays["train-images-idx3-ubyte"])
+    assert ds.y_test.tolist() == arrays["t10k-labels-idx1-ubyte"].tolist()  # test files present: read too
+
+
+@pytest.mark.parametrize("name, n", [("cifar10", 23), ("cifar10", 3), ("cifar100", 9)])
+def test_device_cifar_round_trip(name, n, tmp_path):
+    rng = np.random.default_rng(4)
+    x, y = _images(rng, n, (3, 32, 32)), rng.integers(0, 10 if name == "cifar10" else 100, n)
+    written = D.write_training_files(name, x, y, tmp_path)
+    expected = [f"data_batch_{i}" for i in range(1, 6)] if name == "cifar10" else ["train"]
+    assert [p.name for p in written] == expected  # cifar10 with n < 5: some batches are empty, still valid
+    ds = D.load_device_dataset(name, tmp_path)
+    assert np.array_equal(ds.x_train.numpy(), x) and ds.y_train.tolist() == y.tolist()
+    assert ds.augment and ds.x_test.shape == (0, 3, 32, 32)
+
+
+def _device_error_cases(tmp_path):
+    rng = np.random.default_rng(5)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cifar = tmp_path / "cifar"
+    D.write_training_files("cifar10", _images(rng, 4, (3, 32, 32)), np.arange(4), cifar)
+    big = tmp_path / "big"  # IDX files of 32x32 images: not MNIST's 28x28
+    big.mkdir()
+    with gzip.open(big / "train-images-idx3-ubyte.gz", "wb") as f:
+        f.write(_idx_bytes(_images(rng, 3, (32, 32)), 2051))
+    with gzip.open(big / "train-labels-idx1-ubyte.gz", "wb") as f:
+        f.write(_idx_bytes(np.arange(3), 2049))
+    none = tmp_path / "none"  # valid files holding no example
+    D.write_training_files("mnist", np.zeros((0, 1, 28, 28), np.uint8), np.zeros(0, np.int64), none)
+    corrupt = tmp_path / "corrupt"
+    D.write_training_files("mnist", _images(rng, 3, (1, 28, 28)), np.arange(3), corrupt)
+    (corrupt / "train-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8b garbage")
+    labels = tmp_path / "labels"  # label 12 in a 10-class dataset
+    D.write_training_files("mnist", _images(rng, 3, (1, 28, 28)), np.array([0, 12, 3]), labels)
+    return {
+        "missing dir": (lambda: D.load_device_dataset("mnist", tmp_path / "nope"), "does not exist"),
+        "no dir given": (lambda: D.load_device_dataset("mnist", ""), "data-dir is empty"),
+        "empty dir": (lambda: D.load_device_dataset("mnist", empty), "it is empty"),
+        "wrong format": (lambda: D.load_device_dataset("mnist", cifar), "no mnist training files"),
+        "idx for cifar": (lambda: D.load_device_dataset("cifar10", corrupt), "no cifar10 training files"),
+        "wrong image shape": (lambda: D.load_device_dataset("mnist", big), "images are 1x32x32"),
+        "no examples": (lambda: D.load_device_dataset("mnist", none), "no training examples"),
+        "corrupt file": (lambda: D.load_device_dataset("mnist", corrupt), "cannot read"),
+        "labels out of range": (lambda: D.load_device_dataset("mnist", labels), "labels outside"),
+        "unknown dataset": (lambda: D.load_device_dataset("imagenet", empty), "unknown dataset"),
+    }
+
+
+def test_device_bad_input_is_one_line_config_error(tmp_path):
+    for what, (case, fragment) in _device_error_cases(tmp_path).items():
+        with pytest.raises(ConfigError) as ei:
+            case()
+        msg = str(ei.value)
+        assert fragment in msg, (what, msg)
+        assert "\n" not in msg, (what, msg)
+        assert ei.value.__cause__ is None, what
+
+
+def test_write_training_files_refuses_bad_arrays(tmp_path):
+    with pytest.raises(ConfigError, match="cannot write mnist"):
+        D.write_training_files("mnist", np.zeros((2, 3, 32, 32), np.uint8), np.zeros(2), tmp_path)
+    with pytest.raises(ConfigError, match="cannot write cifar10"):
+        D.write_training_files("cifar10", np.zeros((2, 3, 32, 32), np.float32), np.zeros(2), tmp_path)

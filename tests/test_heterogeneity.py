@@ -121,7 +121,7 @@ def test_exponential_and_none_profiles():
 
 
 def test_bad_kind_and_counts():
-    assert HETEROGENEITY == ("gas", "exponential", "none")
+    assert HETEROGENEITY == ("gas", "exponential", "none", "ringsfl-testbed")
     with pytest.raises(ConfigError):
         draw_profiles("wireless", 3, seed=0)
     with pytest.raises(ConfigError):
@@ -146,7 +146,7 @@ def test_gas_profiles_use_per_client_stream():
 
 
 def test_builtin_models_registered():
-    assert device_model_names()[:3] == HETEROGENEITY
+    assert device_model_names()[:4] == HETEROGENEITY
     assert get_device_model("gas") is GasModel
     assert get_device_model("exponential") is ExponentialModel
     assert get_device_model("none") is HomogeneousModel
@@ -179,7 +179,7 @@ def test_new_model_is_one_class(scratch_registry):
             return DeviceProfile(partition_id=partition_id, flops_per_s=1e9 * (1 + partition_id))
 
     assert "slow-test" in device_model_names()
-    assert HETEROGENEITY == ("gas", "exponential", "none")  # built-ins only
+    assert HETEROGENEITY == ("gas", "exponential", "none", "ringsfl-testbed")  # built-ins only
     profiles = draw_profiles("slow-test", 3, seed=0)
     assert [p.flops_per_s for p in profiles] == [1e9, 2e9, 3e9]
     with pytest.raises(ValueError):

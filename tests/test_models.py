@@ -627,9 +627,13 @@ def _reference_step(task, cut, state, g, seed):
 def test_dropout_recompute_uses_the_forward_masks(client_node, monkeypatch):
     """vit-small cut 2: train.backward's recomputed forward equals train.forward's output
     (same dropout masks), and the step equals one in-process forward/backward."""
+    from fl_app import live
     from fl_app import protocol as P
     from fl_app.client_app import RNG_SEED
 
+    # the recomputation as under Ray and in deployment: in-process nodes would otherwise reuse the
+    # forward pass's own graph (fl_app.live; test_ringsfl.py::test_live_objects_change_no_number)
+    monkeypatch.setattr(live, "ENABLED", False)
     s, grid, task = client_node("vit-small", 2)
     outputs = []
     real_forward = BlockModel.forward

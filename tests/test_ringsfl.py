@@ -125,55 +125,18 @@ def _run_ring(model, **overrides):
     return s, task
 
 
-def ring_oracle(task, ring, paths, counts, lr, batch):
-    """One RingSFL step of every client in one process (eqs. 4-7).
-
-    Each node ``j`` holds a copy of the global model; client ``i``'s first batch
-    runs through the hand-written ``paths[i]`` (node, start, end); the gradient
-    of its mean cross-entropy, times ``a_i = D_i/ΣD``, is added to the blocks it
-    crossed; node ``j`` steps block ``b`` by ``lr · N · counts[j][b] · Σ a_i g_i``
-    (``counts`` all 1 for v1). Returns the blended models and their plain average.
-    """
-    from fl_app.training import load_batch, sample_batch
-
-    n = len(ring)
-    start = task.build_model()
-    models = [task.build_model() for _ in ring]
-    data = [task.num_examples(p) for p in ring]
-    acc = [{k: torch.zeros_like(v) for k, v in m.named_parameters()} for m in models]
-    for i, pid in enumerate(ring):
-        idx = sample_batch(task, pid, ConfigRecord(), batch)
-        x, y = load_batch(task, pid, idx, 0)
-        h, params = x, []
-        for j, a, b in paths[i]:
-            segment = models[j].segment(a, b)
-            h = segment(h)
-            params += [(j, k, p) for k, p in segment.named_parameters()]
-        loss = nn.functional.cross_entropy(h, y)
-        grads = torch.autograd.grad(loss, [p for _, _, p in params])
-        for (j, k, _), g in zip(params, grads):
-            acc[j][k] += data[i] / sum(data) * g
-    names = start.names
-    blended = []
-    for j, m in enumerate(models):
-        with torch.no_grad():
-            for k, p in m.named_parameters():
-                block = names.index(k.split(".")[1])
-                p -= lr * n * counts[j][block] * acc[j][k]
-        blended.append({k: v.detach().clone() for k, v in m.state_dict().items()})
-    average = {k: sum(s[k] for s in blended) / n for k in blended[0]}
-    return blended, average
-
-
 @pytest.mark.parametrize("version", [1, 2])
 def test_eqs_4_to_7_by_hand(version, mlp6, server_identity, one_torch_thread):
     """The paper's Fig. 2 ring: 3 clients, lengths 2:1:3, the 6-layer MLP, one batch per
     client (unequal D_i: 1334/1333/1333, so the a_i differ). The blended models after the
-    round (eq. 4; eq. 7 for v2) and their average (eq. 6) equal the one-process oracle."""
+    round (eq. 4; eq. 7 for v2) and their average (eq. 6) equal the one-process oracle
+    (:func:`simulation.bench_ring.ring_oracle`, which ``sflower bench ring`` times)."""
+    from simulation.bench_ring import ring_oracle
+
     s, task = _run_ring(mlp6, ring_lengths="2:1:3", ring_version=version)
     paths = [[(0, 0, 2), (1, 2, 3), (2, 3, 6)], [(1, 0, 1), (2, 1, 4), (0, 4, 6)], [(2, 0, 3), (0, 3, 5), (1, 5, 6)]]
     counts = [[1, 1, 0, 1, 2, 1], [1, 0, 1, 0, 0, 1], [1, 2, 2, 2, 1, 1]] if version == 2 else [[1] * 6] * 3
-    blended, average = ring_oracle(task, [0, 1, 2], paths, counts, RING_OPT["lr"], 8)
+    blended, average, _ = ring_oracle(task, [0, 1, 2], paths, counts, RING_OPT["lr"], 8)
     assert s.ring == [0, 1, 2] and s.lengths == [2, 1, 3]
     start = task.build_model().state_dict()
     for pid in range(3):
@@ -421,3 +384,54 @@ def test_learns_mnist_lenet5(shared_data, tmp_path):
     assert acc[-1] >= 0.35, acc
     assert float(rows[-1]["train_loss"]) < float(rows[1]["train_loss"])
     assert float(rows[-1]["test_loss"]) < float(rows[0]["test_loss"])
+
+
+# =============================================================================
+# Speed: the relay path's live objects and the bench's oracle check
+# =============================================================================
+
+
+@pytest.mark.parametrize("strategy, model", [("ringsfl", "lenet5"), ("ringsfl", "vit-small"),
+                                             ("splitfed-v1", "alexnet")])
+def test_live_objects_change_no_number(strategy, model, tmp_path, monkeypatch):
+    """In-process nodes keep their live models and forward graphs (:mod:`fl_app.live`) only as a
+    cache of ``context.state``: a run is bit-identical with them off (every message rebuilding
+    its model, every backward recomputing its forward pass, as under Ray). vit-small has
+    dropout (the kept graph holds the masks of the seeded forward pass); splitfed-v1
+    piggybacks the next forward on each backward. (Every strategy of
+    ``tests/test_engines.py::test_ray_matches_inprocess`` also checks it: Ray keeps nothing.)"""
+    from fl_app import live
+    from simulation.bench_ring import time_engine
+
+    taken = []
+    take = live.LiveCache.take_graph
+    monkeypatch.setattr(live.LiveCache, "take_graph", lambda self, *a: taken.append(take(self, *a)) or taken[-1])
+    cfg = {"strategy": strategy, "model": model, "dataset": "mnist-5k", "num-clients": 3, "concurrency": 3,
+           "partition": "iid", "global-iterations": 2, "local-iterations": 2, "batch-size": 8, "seed": 3,
+           "momentum": 0.5 if strategy != "ringsfl" else 0.0, "eval-every": 1, "eval-samples": 64}
+    runs = {}
+    for on in (True, False):
+        taken.clear()
+        _, runs[on] = time_engine("inprocess", {**cfg, "output-dir": str(tmp_path / str(on))}, live=on)
+        if on:
+            assert any(g is not None for g in taken)  # the cache was used
+        else:
+            assert not taken
+    a, b = (runs[on].global_model().state_dict() for on in (True, False))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    rows = [read_metrics(tmp_path / str(on) / "metrics.csv") for on in (True, False)]
+    assert [r["test_loss"] for r in rows[0]] == [r["test_loss"] for r in rows[1]]
+    assert runs[True].clock.now() == runs[False].clock.now()
+
+
+def test_bench_ring_quick(shared_data, tmp_path):
+    """``sflower bench ring`` on 3 steps: the oracle, summing in the order the engine's nodes did,
+    ends with the in-process engine's blended models bit for bit (and their average to 1e-6),
+    which the rebuilding variant also ends with; the figures are all there."""
+    from simulation import bench_ring
+
+    out = bench_ring.run(tmp_path, data_dir=shared_data / "mnist", steps=3, repeats=1, ray=False)
+    assert out["oracle_equals_inprocess"] and out["blended_bit_identical"] and out["rebuild_bit_identical"]
+    assert out["max_abs_diff"] < 1e-6
+    assert out["inprocess"]["exchanges"] == 3 * (5 * 5 + 5 * 4 + 5)  # per step: 5 paths of 5 forwards and 4 backwards, 5 steps
+    assert out["inprocess"]["ratio_to_oracle"] > 0 and "ray" not in out

@@ -9,6 +9,7 @@ configurations, on the in-process engine.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import tomllib
 from pathlib import Path
@@ -769,13 +770,18 @@ def failing_client_app(fail_pid: int, fail_on_backward: int) -> tuple[ClientApp,
     return wrapper, counts
 
 
-def test_failing_client_is_excluded(tmp_path):
+def test_failing_client_is_excluded(tmp_path, caplog):
+    """An injected error reply: the client is excluded with a one-line reason, the run finishes."""
     from fl_app.server_app import plan_run
     from simulation.engine import run_inprocess
 
     cfg = make_cfg(num_clients=3, concurrency=3, global_iterations=2, local_iterations=3, output_dir=str(tmp_path / "out"))
     wrapper, counts = failing_client_app(fail_pid=1, fail_on_backward=2)
-    summary = run_inprocess(plan_run(cfg), progress=False, client_app=wrapper)
+    with caplog.at_level(logging.WARNING, logger="sflower"):
+        summary = run_inprocess(plan_run(cfg), progress=False, client_app=wrapper)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["client 1 failed on train.backward (RuntimeError: injected failure); excluded from the run"]
+    assert summary["failure_reasons"] == {"1": "train.backward: RuntimeError: injected failure"}
     assert summary["failed_clients"] == [1]
     assert summary["status"] == "completed"
     assert summary["global_iterations"] == 2
@@ -787,6 +793,240 @@ def test_failing_client_is_excluded(tmp_path):
     assert [int(r["global_iteration"]) for r in rows] == [0, 1, 2]
     on_disk = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert on_disk["failed_clients"] == [1]
+
+
+class FaultyGrid:
+    """Builds an :class:`~simulation.engine.InProcessGrid` whose chosen replies are tampered with.
+
+    ``faults[(pid, action, n)]`` is called with the content of partition
+    ``pid``'s reply to its ``n``-th message of type ``action`` (1-based); it
+    changes the content in place, or returns :data:`DROP` to make the node
+    never answer (a timeout).
+    """
+
+    def __new__(cls, num_nodes, seed, faults):
+        from fl_app.client_app import app
+        from simulation.engine import InProcessGrid
+
+        class _Grid(InProcessGrid):
+            def push_messages(self, messages):
+                messages = list(messages)
+                ids = list(super().push_messages(messages))
+                for msg, mid in zip(messages, ids):
+                    pid = int(self.contexts[msg.metadata.dst_node_id].node_config["partition-id"])
+                    key = (pid, msg.metadata.message_type)
+                    self.counts[key] = self.counts.get(key, 0) + 1
+                    fault = self.faults.get((*key, self.counts[key]))
+                    if fault is not None and fault(self._replies[mid].content) is DROP:
+                        del self._replies[mid]  # the node never answers
+                return ids
+
+        grid = _Grid(app, num_nodes, seed)
+        grid.faults, grid.counts = dict(faults), {}
+        return grid
+
+
+DROP = object()
+
+
+def _run_faulty(cfg, faults):
+    """Run ``cfg`` on a :class:`FaultyGrid`; returns ``(summary or the exception, grid)``."""
+    from fl_app.server_app import plan_run, run_server
+    from simulation.engine import _task_identity
+
+    grid = FaultyGrid(cfg.num_clients, cfg.seed, faults)
+    with _task_identity(grid.run.run_id):
+        try:
+            return run_server(grid, plan_run(cfg), progress=False), grid
+        except Exception as err:  # noqa: BLE001 - a test looks at it
+            return err, grid
+
+
+def _tensor_fault(key, name, change):
+    """A fault that replaces tensor ``key/name`` of a reply by ``change(tensor)``."""
+    def fault(content):
+        t = P.record_tensor(content[key], name)
+        content[key] = P.tensor_record(name, change(t))
+    return fault
+
+
+def _drop_record(key):
+    def fault(content):
+        del content[key]
+    return fault
+
+
+def _nan_weights(content):
+    state = P.record_state(content[P.WEIGHTS])
+    first = next(iter(state))
+    state[first] = torch.full_like(state[first], float("inf"))
+    content[P.WEIGHTS] = P.state_record(state)
+
+
+def _assert_finished_without(out, summary, pid, fragment, caplog, rounds=2):
+    """The run completed without client ``pid``, logged one warning line for it, and its outputs are whole."""
+    assert isinstance(summary, dict), summary
+    assert summary["status"] == "completed" and summary["failed_clients"] == [pid]
+    assert summary["global_iterations"] == rounds
+    assert fragment in summary["failure_reasons"][str(pid)]
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 1 and f"client {pid} " in lines[0] and fragment in lines[0], lines
+    assert "\n" not in lines[0] and "excluded from the run" in lines[0]
+    rows = read_metrics(out / "metrics.csv")
+    assert [int(r["global_iteration"]) for r in rows] == list(range(rounds + 1))
+    assert all(math.isfinite(float(r["test_loss"])) for r in rows)
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["status"] == "completed" and on_disk["failed_clients"] == [pid]
+    assert on_disk["failure_reasons"] == summary["failure_reasons"]
+    assert (out / "config.json").is_file() and (out / "accuracy.png").is_file()
+
+
+@pytest.mark.parametrize("clock", ["virtual", "wall"])
+def test_injected_timeout_is_excluded(clock, tmp_path, caplog):
+    """A node that never answers its 2nd backward: after node-timeout wall seconds it is
+    excluded; the run finishes with the others."""
+    cfg = make_cfg(num_clients=3, concurrency=3, global_iterations=2, local_iterations=2, clock=clock,
+                   node_timeout=0.3, output_dir=str(tmp_path / "out"))
+    with caplog.at_level(logging.WARNING, logger="sflower"):
+        summary, grid = _run_faulty(cfg, {(1, P.TRAIN_BACKWARD, 2): lambda content: DROP})
+    _assert_finished_without(tmp_path / "out", summary, 1, "timed out", caplog)
+    assert grid.counts[(1, P.TRAIN_BACKWARD)] == 2  # never contacted again
+    assert grid.counts[(0, P.TRAIN_BACKWARD)] == 4
+
+
+B = TINY["batch-size"]
+MALFORMED = {
+    # a train.backward reply carries the next forward's activations and labels (or, last, the weights)
+    "NaN activations": (_tensor_fault(P.ACTIVATIONS, "x", lambda x: x.fill_(float("nan"))),
+                        "NaN values in activations/x"),
+    "wrong activation shape": (_tensor_fault(P.ACTIVATIONS, "x", lambda x: x.reshape(x.shape[0], -1)),
+                               "activations/x has shape (8, 3136)"),
+    "wrong dtype": (_tensor_fault(P.ACTIVATIONS, "x", lambda x: x.double()), "dtype float64"),
+    "wrong batch size": (_tensor_fault(P.ACTIVATIONS, "x", lambda x: x[:B - 1]), "activations/x has shape (7,"),
+    "missing labels": (_drop_record(P.LABELS), "missing labels/y"),
+}
+
+
+@pytest.mark.parametrize("kind", list(MALFORMED))
+def test_malformed_reply_is_excluded(kind, tmp_path, caplog):
+    """Client 1's first backward reply is malformed: it is excluded with the reason, the run finishes."""
+    fault, fragment = MALFORMED[kind]
+    cfg = make_cfg(num_clients=3, concurrency=3, global_iterations=2, local_iterations=2,
+                   output_dir=str(tmp_path / "out"))
+    with caplog.at_level(logging.WARNING, logger="sflower"):
+        summary, grid = _run_faulty(cfg, {(1, P.TRAIN_BACKWARD, 1): fault})
+    _assert_finished_without(tmp_path / "out", summary, 1, fragment, caplog)
+    assert "malformed reply" in summary["failure_reasons"]["1"]
+    assert grid.counts[(1, P.TRAIN_BACKWARD)] == 1
+
+
+@pytest.mark.parametrize("strategy, action, n, fault, fragment", [
+    ("splitfed-v1", P.TRAIN_BACKWARD, 2, _nan_weights, "infinite values in weights/"),  # the upload ending round 1
+    ("splitfed-v1", P.TRAIN_BACKWARD, 2, _drop_record(P.WEIGHTS), "missing weights"),
+    ("gas", P.TRAIN_FORWARD, 1, _tensor_fault(P.ACTIVATIONS, "x", lambda x: x.fill_(float("inf"))),
+     "infinite values in activations/x"),  # the asynchronous loop
+    ("fedavg", P.TRAIN_FIT, 1, _nan_weights, "infinite values in weights/"),
+])
+def test_malformed_reply_is_excluded_other_paths(strategy, action, n, fault, fragment, tmp_path, caplog):
+    cfg = make_cfg(strategy=strategy, num_clients=3, concurrency=2, global_iterations=2, local_iterations=2,
+                   output_dir=str(tmp_path / "out"))
+    with caplog.at_level(logging.WARNING, logger="sflower"):
+        summary, _ = _run_faulty(cfg, {(1, action, n): fault})
+    _assert_finished_without(tmp_path / "out", summary, 1, fragment, caplog)
+
+
+def test_nan_from_every_client_stops_as_diverged(tmp_path, caplog):
+    """When every client sends non-finite values the run itself diverged: it stops cleanly as
+    diverged (not failed), and the metrics written so far are kept."""
+    from strategies.base import DivergedError
+
+    nan = _tensor_fault(P.ACTIVATIONS, "x", lambda x: x.fill_(float("nan")))
+    cfg = make_cfg(num_clients=3, concurrency=3, global_iterations=2, local_iterations=2,
+                   output_dir=str(tmp_path / "out"))
+    with caplog.at_level(logging.WARNING, logger="sflower"):
+        err, _ = _run_faulty(cfg, {(p, P.TRAIN_BACKWARD, 1): nan for p in range(3)})
+    assert isinstance(err, DivergedError) and "non-finite" in str(err), err
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"].startswith("diverged") and summary["failed_clients"] == [0, 1, 2]
+    rows = read_metrics(tmp_path / "out" / "metrics.csv")
+    assert rows[0]["global_iteration"] == "0" and math.isfinite(float(rows[0]["test_loss"]))
+    assert len([r for r in caplog.records if "malformed reply" in r.getMessage()]) == 3
+
+
+def test_malformed_handshake_fails_the_run_in_one_line(tmp_path):
+    from strategies.base import RunFailedError
+
+    def bad_histogram(content):
+        content[P.INFO][P.INFO_LABEL_HISTOGRAM] = [1, 2, 3]
+
+    cfg = make_cfg(num_clients=3, concurrency=3, output_dir=str(tmp_path / "out"))
+    err, _ = _run_faulty(cfg, {(2, P.QUERY_INFO, 1): bad_histogram})
+    assert isinstance(err, RunFailedError), err
+    assert "malformed handshake" in str(err) and "label histogram of 3 counts" in str(err)
+    assert "\n" not in str(err)
+
+
+def test_reply_checker_cases(server_identity):
+    """The checks behind validate_reply on genuine replies, then on altered copies."""
+    from fl_app.client_app import app
+    from fl_app.task import load_task
+    from simulation.engine import InProcessGrid
+    from strategies.validation import ReplyChecker
+
+    cfg = make_cfg(num_clients=2, concurrency=2)
+    task = load_task(cfg)
+    checker = ReplyChecker(task)
+    grid = InProcessGrid(app, 2, seed=0)
+    nid = handshake(grid, cfg)[0]
+    n = task.num_examples(0)
+    fwd = Request(P.TRAIN_FORWARD, RecordDict({P.CONFIG: ConfigRecord({"batch-size": B, **OPT})}))
+    r_fwd = exchange(grid, nid, fwd.action, fwd.content)
+    assert checker.problem(fwd, r_fwd, n) is None
+    g = torch.zeros(B, 64, 7, 7)
+    bwd = Request(P.TRAIN_BACKWARD, RecordDict({P.GRADIENT: P.tensor_record("g", g), P.CONFIG: ConfigRecord(
+        {"next": P.NEXT_WEIGHTS, **OPT})}))
+    r_bwd = exchange(grid, nid, bwd.action, bwd.content)
+    assert checker.problem(bwd, r_bwd, n) is None
+    fit = Request(P.TRAIN_FIT, RecordDict({P.WEIGHTS: P.state_record(task.build_model().state_dict()),
+                                           P.CONFIG: ConfigRecord({"batch-size": B, **OPT})}))
+    r_fit = exchange(grid, nid, fit.action, fit.content)
+    assert checker.problem(fit, r_fit, n) is None
+
+    def altered(content, **records):
+        out = RecordDict({k: v for k, v in content.items()})
+        for k, v in records.items():
+            if v is None:
+                del out[k]
+            else:
+                out[k] = v
+        return out
+
+    x = P.record_tensor(r_fwd[P.ACTIVATIONS], "x")
+    y = P.record_tensor(r_fwd[P.LABELS], "y")
+    w = P.record_state(r_bwd[P.WEIGHTS])
+    first = next(iter(w))
+    cases = [
+        (fwd, altered(r_fwd, labels=P.tensor_record("y", y.float())), "labels/y has shape (8,) dtype float32"),
+        (fwd, altered(r_fwd, labels=P.tensor_record("y", y + 10)), "labels outside [0, 10)"),
+        (fwd, altered(r_fwd, activations=None), "missing activations/x"),
+        (fwd, altered(r_fwd, activations=P.tensor_record("z", x)), "missing activations/x"),
+        (bwd, altered(r_bwd, weights=P.state_record({**w, "extra.weight": w[first]})), "'extra.weight'"),
+        (bwd, altered(r_bwd, weights=P.state_record({**w, first: w[first][:1]})), f"weights/{first} has shape"),
+        (bwd, altered(r_bwd, info=ConfigRecord({P.INFO_NUM_EXAMPLES: n + 1})), "the handshake said"),
+        (bwd, altered(r_bwd, info=None), "missing info/num-examples"),
+        (fit, altered(r_fit, weights=P.state_record(w)), "lacks"),  # fit must return the whole model
+    ]
+    for request, content, fragment in cases:
+        problem = checker.problem(request, content, n)
+        assert problem is not None and fragment in problem.reason, (fragment, problem)
+        assert "\n" not in problem.reason and not problem.non_finite
+    nan = checker.problem(fwd, altered(r_fwd, activations=P.tensor_record("x", x * float("nan"))), n)
+    assert nan.non_finite and nan.reason == "NaN values in activations/x"
+    # a loss computed on the client that is not finite is the run's divergence, not a malformed reply
+    loss_req = Request(P.TRAIN_FORWARD, RecordDict({P.CONFIG: ConfigRecord({"batch-size": B, "loss": True, "end": 8})}))
+    nan_loss = RecordDict({P.INFO: ConfigRecord({P.INFO_LOSS: float("nan")})})
+    assert checker.problem(loss_req, nan_loss, n) is None
+    assert "missing info/loss" in checker.problem(loss_req, RecordDict(), n).reason
 
 
 # =============================================================================

@@ -29,6 +29,9 @@ Modules:
 * :mod:`fl_app.data.load`: :func:`load_dataset`, the cached dispatcher between
   the sources.
 * :mod:`fl_app.data.partition`: :func:`partition_indices`.
+* :mod:`fl_app.data.device`: device-local data (a SuperNode's own training
+  files, ``--node-config data-dir=DIR``): :func:`load_device_dataset` and
+  :func:`write_training_files` (what ``sflower partition`` writes).
 
 This package re-exports only the public names; private helpers (for tests that
 monkeypatch them) live in, and must be patched on, their own module.
@@ -37,6 +40,7 @@ monkeypatch them) live in, and must be patched on, their own module.
 from __future__ import annotations
 
 from fl_app.data.dataset import DATASETS, ImageDataset, label_histogram
+from fl_app.data.device import load_device_dataset, write_training_files
 from fl_app.data.load import load_dataset
 from fl_app.data.partition import PARTITIONS, partition_indices
 
@@ -47,4 +51,6 @@ __all__ = [
     "load_dataset",
     "partition_indices",
     "label_histogram",
+    "load_device_dataset",
+    "write_training_files",
 ]

@@ -1,0 +1,264 @@
+"""Checks of a client's reply before any strategy decodes it (issue 12, faults).
+
+Every reply passes through :meth:`strategies.base.SFLStrategy.receive`, which
+calls :meth:`~strategies.base.SFLStrategy.validate_reply` and so
+:meth:`ReplyChecker.problem`. A reply with a problem is handled like an error
+reply: the client is excluded with a one-line reason in the log, and the run
+goes on with the others. What is checked follows from the request alone (its
+action and its typed config, :mod:`fl_app.protocol`) and from the task:
+
+* the records the action must return are there (activations and labels of a
+  forward, weights and example count when weights are asked for, the input
+  gradient of a range that does not start at block 0, ...);
+* activations are float32 ``[B, *shape]``: ``B`` the batch asked for (or the
+  relayed input's), ``shape`` the output of the range's last block (or, after
+  a backward, the shape of the gradient sent); labels int64 ``[B]`` in
+  ``[0, num_classes)``; perturbed embeddings ``[P, B, *shape]``; an input
+  gradient the shape of the input sent;
+* weights name tensors of the model with their shapes and dtypes (all of
+  them for ``train.fit``), and the example count is the handshake's;
+* every floating-point array is finite (activations, gradients, weights).
+
+A request without a ``config`` record (not built from the protocol's typed
+configs) gets only the finiteness check. One exception: a reply to a
+``train.forward`` with ``loss`` whose reported
+loss is not finite is passed on unchecked for finiteness, so that the
+strategy stops the run as diverged (its :meth:`check_loss`) rather than
+excluding a client for the run's own divergence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from fl_app import protocol as P
+from fl_app.task import Task
+from strategies.dispatcher import Request
+
+__all__ = ["ReplyChecker", "ReplyProblem"]
+
+
+@dataclass(frozen=True)
+class ReplyProblem:
+    """Why a reply cannot be used.
+
+    Attributes:
+        reason: one line for the log (e.g. ``"activations/x has shape (8, 3)
+            dtype float32, expected (8, 64, 7, 7) float32"``).
+        non_finite: the problem is NaN or infinite values (a sign of
+            divergence when every client shows it, see
+            :meth:`strategies.base.SFLStrategy.receive`).
+    """
+
+    reason: str
+    non_finite: bool = False
+
+
+class _Bad(Exception):
+    def __init__(self, reason: str, non_finite: bool = False) -> None:
+        super().__init__(reason)
+        self.problem = ReplyProblem(reason, non_finite)
+
+
+def _array_record(content: RecordDict | None, key: str) -> ArrayRecord | None:
+    value = content.get(key) if content is not None else None
+    return value if isinstance(value, ArrayRecord) else None
+
+
+def _config_record(content: RecordDict | None, key: str) -> ConfigRecord | None:
+    value = content.get(key) if content is not None else None
+    return value if isinstance(value, ConfigRecord) else None
+
+
+class ReplyChecker:
+    """Validates replies against what their requests ask for (see the module docstring).
+
+    Args:
+        task: the run's task: the model's per-block output shapes
+            (:attr:`Task.profiles`), its state_dict's names, shapes and
+            dtypes, the number of classes and the default cut layer.
+    """
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.num_classes = task.data.num_classes
+        self.cut = task.cut_layer
+        state = task.build_model().state_dict()
+        #: state_dict name -> (shape, numpy dtype name) of the full model
+        self.model_arrays = {k: (tuple(v.shape), str(v.numpy().dtype)) for k, v in state.items()}
+
+    def output_shape(self, end: int) -> tuple[int, ...]:
+        """Per-sample output shape of block ``end - 1`` (the last block of a range ``[start, end)``)."""
+        return tuple(self.task.profiles[end - 1].output_shape)
+
+    def problem(self, request: Request, content: RecordDict | None, num_examples: int | None = None
+                ) -> ReplyProblem | None:
+        """What is wrong with ``content`` as the reply to ``request``, or None when it is usable.
+
+        Args:
+            request: the request it answers (action and content as sent).
+            content: the reply's content.
+            num_examples: the client's example count from the handshake
+                (checked against a reported ``num-examples``); None: not checked.
+
+        Returns:
+            None, or a :class:`ReplyProblem` with a one-line reason.
+        """
+        try:
+            if content is None:
+                raise _Bad("empty reply")
+            self._check(request, content, num_examples)
+        except _Bad as bad:
+            return bad.problem
+        return None
+
+    # ------------------------------------------------------------------ per action
+    def _check(self, request: Request, content: RecordDict, num_examples: int | None) -> None:
+        action = request.action
+        sent = request.content
+        raw_cfg = _config_record(sent, P.CONFIG)
+        skip_finite = False
+        if raw_cfg is None:
+            pass  # not built from a protocol config (a test's bare request): nothing to expect but finiteness
+        elif action == P.TRAIN_FORWARD:
+            cfg = P.ForwardConfig.from_record(raw_cfg)
+            end = cfg.end or self.cut
+            x_in = _array_record(sent, P.ACTIVATIONS)
+            batch = int(x_in["x"].shape[0]) if x_in is not None and "x" in x_in else cfg.batch_size
+            if cfg.loss:
+                loss = self._info(content, P.INFO_LOSS)
+                skip_finite = not _finite_number(loss)
+                if cfg.start > 0:
+                    want = tuple(x_in["x"].shape) if x_in is not None and "x" in x_in else None
+                    self._tensor(content, P.GRADIENT, "g", want, "float32")
+            else:
+                self._tensor(content, P.ACTIVATIONS, "x", (batch, *self.output_shape(end)), "float32")
+                if cfg.start == 0 or _array_record(sent, P.LABELS) is not None:
+                    self._labels(content, batch)
+        elif action == P.TRAIN_BACKWARD:
+            cfg = P.BackwardConfig.from_record(raw_cfg)
+            if cfg.next == P.NEXT_FORWARD:
+                g = _array_record(sent, P.GRADIENT)
+                shape = tuple(g["g"].shape[1:]) if g is not None and "g" in g else None
+                self._tensor(content, P.ACTIVATIONS, "x", None if shape is None else (cfg.batch_size, *shape),
+                             "float32")
+                self._labels(content, cfg.batch_size)
+            elif cfg.next == P.NEXT_WEIGHTS:
+                self._weights(content, num_examples, complete=False)
+        elif action == P.TRAIN_STEP:
+            if P.StepConfig.from_record(raw_cfg).return_weights:
+                self._weights(content, num_examples, complete=False)
+        elif action == P.TRAIN_FIT:
+            self._weights(content, num_examples, complete=True)
+        elif action == P.TRAIN_ZO_FORWARD:
+            cfg = P.ZOForwardConfig.from_record(raw_cfg)
+            self._zo_forward(content, cfg.batch_size, cfg.perturbations, cfg.end or self.cut)
+        elif action == P.TRAIN_ZO_UPDATE:
+            cfg = P.ZOUpdateConfig.from_record(raw_cfg)
+            if cfg.next == P.NEXT_FORWARD:
+                # the range is the client's stored one: its cut is the run's unless a zo_forward named another
+                self._zo_forward(content, cfg.batch_size, len(cfg.diffs), None)
+            elif cfg.next == P.NEXT_WEIGHTS:
+                self._weights(content, num_examples, complete=False)
+        elif action == P.EVALUATE:
+            for key in (P.INFO_LOSS, P.INFO_ACCURACY):
+                self._info(content, key)
+        if not skip_finite:
+            self._finite(content)
+
+    # ------------------------------------------------------------------ pieces
+    def _info(self, content: RecordDict, key: str) -> Any:
+        info = _config_record(content, P.INFO)
+        if info is None or key not in info:
+            raise _Bad(f"missing {P.INFO}/{key}")
+        return info[key]
+
+    @staticmethod
+    def _tensor(content: RecordDict, key: str, name: str, shape: tuple[int, ...] | None, dtype: str) -> None:
+        record = _array_record(content, key)
+        if record is None or name not in record:
+            raise _Bad(f"missing {key}/{name}")
+        arr = record[name]
+        got_shape, got_dtype = tuple(int(s) for s in arr.shape), str(arr.dtype)
+        if got_dtype != dtype or (shape is not None and got_shape != tuple(shape)):
+            want = f"{tuple(shape) if shape is not None else '[...]'} {dtype}"
+            raise _Bad(f"{key}/{name} has shape {got_shape} dtype {got_dtype}, expected {want}")
+
+    def _labels(self, content: RecordDict, batch: int) -> None:
+        self._tensor(content, P.LABELS, "y", (batch,), "int64")
+        y = _values(content[P.LABELS], "y")
+        if y.size and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
+            raise _Bad(f"{P.LABELS}/y has labels outside [0, {self.num_classes})")
+
+    def _zo_forward(self, content: RecordDict, batch: int, perturbations: int, end: int | None) -> None:
+        shape = self.output_shape(end) if end is not None else None
+        self._tensor(content, P.ACTIVATIONS, "x", None if shape is None else (batch, *shape), "float32")
+        x = content[P.ACTIVATIONS]["x"]
+        if int(x.shape[0]) != batch:
+            raise _Bad(f"{P.ACTIVATIONS}/x has batch {int(x.shape[0])}, expected {batch}")
+        self._labels(content, batch)
+        for name in ("plus", "minus"):
+            self._tensor(content, P.PERTURBED, name, (perturbations, *tuple(int(s) for s in x.shape)), "float32")
+
+    def _weights(self, content: RecordDict, num_examples: int | None, complete: bool) -> None:
+        record = _array_record(content, P.WEIGHTS)
+        if record is None or not len(record):
+            raise _Bad(f"missing {P.WEIGHTS}")
+        for name in record.keys():
+            if name not in self.model_arrays:
+                raise _Bad(f"{P.WEIGHTS} has a tensor {name!r} the model does not have")
+            shape, dtype = self.model_arrays[name]
+            arr = record[name]
+            if tuple(int(s) for s in arr.shape) != shape or str(arr.dtype) != dtype:
+                raise _Bad(f"{P.WEIGHTS}/{name} has shape {tuple(arr.shape)} dtype {arr.dtype}, "
+                           f"expected {shape} {dtype}")
+        if complete and len(record) != len(self.model_arrays):
+            missing = sorted(set(self.model_arrays) - set(record.keys()))
+            raise _Bad(f"{P.WEIGHTS} lacks {len(missing)} tensors of the model (first: {missing[0]!r})")
+        count = self._info(content, P.INFO_NUM_EXAMPLES)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise _Bad(f"{P.INFO}/{P.INFO_NUM_EXAMPLES} is {count!r}, expected a positive integer")
+        if num_examples is not None and count != num_examples:
+            raise _Bad(f"reports {count} examples, the handshake said {num_examples}")
+
+    @staticmethod
+    def _finite(content: RecordDict) -> None:
+        for key, record in content.items():
+            if not isinstance(record, ArrayRecord):
+                continue
+            for name in record.keys():
+                arr = record[name]
+                if not np.issubdtype(np.dtype(arr.dtype), np.floating):
+                    continue
+                values = _values(record, name)
+                if not np.isfinite(values).all():
+                    kind = "NaN" if np.isnan(values).any() else "infinite"
+                    raise _Bad(f"{kind} values in {key}/{name}", non_finite=True)
+
+
+def _values(record: ArrayRecord, name: str) -> np.ndarray:
+    """The values of ``record[name]`` as a flat read-only array, without copying when possible.
+
+    A ``.npy`` payload is the trailing ``count * itemsize`` bytes of
+    ``Array.data`` (in C or Fortran order: the order does not matter for
+    finiteness or a range check); other serialisations are decoded.
+    """
+    arr = record[name]
+    dtype = np.dtype(arr.dtype)
+    count = math.prod(int(s) for s in arr.shape)
+    data = arr.data
+    if str(arr.stype) == "numpy.ndarray" and not dtype.hasobject and len(data) >= count * dtype.itemsize:
+        return np.frombuffer(data, dtype=dtype, count=count, offset=len(data) - count * dtype.itemsize)
+    return P.record_tensor(record, name).numpy().reshape(-1)
+
+
+def _finite_number(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
