@@ -464,6 +464,7 @@ def test_backward_matches_torch_sgd_exactly(augment, server_identity, monkeypatc
     if augment:
         task = dataclasses.replace(task, data=dataclasses.replace(task.data, augment=True))
         monkeypatch.setattr(real, "load_task", lambda _cfg: task)
+        monkeypatch.setattr(real, "_CONFIGS", [])  # the ClientApp keeps recent tasks: start without them
     B, cut, pid = 8, 2, 0
     grid = InProcessGrid(real.app, cfg.num_clients, seed=cfg.seed)
     nid = handshake(grid, cfg)[pid]
