@@ -146,11 +146,12 @@ def _timed_strategy(cls: type) -> type:
             #: perf_counter() when each step of the last round started, and when the round ended
             self.step_starts: list[float] = []
             self.round_end = 0.0
+            #: (tag, partition id) of every RingSFL forward and backward request of the last round
+            self.sends: list[tuple[tuple, int]] = []
             Timed.instances.append(self)
 
         def run_round(self, *args: Any) -> None:
-            self.step_starts = []
-            self.sends: list[tuple[tuple, int]] = []
+            self.step_starts, self.sends = [], []
             t0 = time.perf_counter()
             super().run_round(*args)
             self.round_end = time.perf_counter()
