@@ -122,16 +122,7 @@ def _load_idx_train(name: str, path: Path) -> ImageDataset | None:
     return None
 
 
-def _find(d: Path, stems: tuple[str, ...]) -> list[Path] | None:
-    out = []
-    for stem in stems:
-        for cand in (d / (stem + ".gz"), d / stem):
-            if cand.is_file():
-                out.append(cand)
-                break
-        else:
-            return None
-    return out
+_find = files.find_files
 
 
 def _load_cifar_train(name: str, path: Path) -> ImageDataset | None:

@@ -79,8 +79,13 @@ def _load_local(name: str, data_dir: Path) -> ImageDataset | None:
 
 
 def _find_idx_files(d: Path) -> list[Path] | None:
+    return find_files(d, _IDX_FILES)
+
+
+def find_files(d: Path, stems: tuple[str, ...]) -> list[Path] | None:
+    """``d/<stem>.gz`` or ``d/<stem>`` for each stem, in order; None if one is missing."""
     out = []
-    for stem in _IDX_FILES:
+    for stem in stems:
         for cand in (d / (stem + ".gz"), d / stem):
             if cand.is_file():
                 out.append(cand)
