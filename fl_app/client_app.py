@@ -49,6 +49,7 @@ from torch import nn
 
 from fl_app import protocol as P
 from fl_app.config import RunConfig
+from fl_app.device import resolve_device, to_device
 from fl_app.errors import ConfigError
 from fl_app.live import committing, live_cache
 from fl_app.models import BlockModel, fixed_rng
@@ -178,7 +179,7 @@ class _Slot:
             if not set(keys) <= set(stored.keys()):
                 raise ValueError(f"slot '{self.name}' holds other blocks than [{start}, {end}); send weights")
             model.load_state_dict({k: P.record_tensor(stored, k) for k in keys})
-        return model
+        return self.node.place(model)
 
     def store_weights(self, model: BlockModel) -> None:
         """Store ``model``'s weights (a larger stored model keeps its other blocks)."""
@@ -195,7 +196,7 @@ class _Slot:
         """
         live = self.node.live
         if live is None or live.checked_out(model) is None:
-            with torch.no_grad(), fixed_rng(seed):
+            with torch.no_grad(), fixed_rng(seed, self.node.device):
                 return model(x)
         x.requires_grad_(start > 0)  # as train.backward would set it
         with fixed_rng(seed):
@@ -238,10 +239,11 @@ class _Slot:
         """The input of the slot's last forward: own data (recomputed) or the relayed tensor."""
         batch = self.batch
         if self.range[0] == 0:
-            return load_batch(self.node.task, self.node.partition_id, batch["indices"], int(batch["step"]))
+            return self.node.on_device(*load_batch(self.node.task, self.node.partition_id, batch["indices"],
+                                                   int(batch["step"])))
         record = self.array("input")
-        labels = P.record_tensor(record, "y") if "y" in record else None
-        return P.record_tensor(record, "x"), labels
+        labels = self.node.on_device(P.record_tensor(record, "y"))[0] if "y" in record else None
+        return self.node.on_device(P.record_tensor(record, "x"))[0], labels
 
 
 class _Node:
@@ -256,8 +258,19 @@ class _Node:
         self.cfg, self.task = _device_task_of(task, data_dir) if data_dir else _task_of(task)
         #: this node's partition id (:data:`UNASSIGNED` only during the handshake, see :func:`_partition_id`)
         self.partition_id = _partition_id(context, self.cfg, need_id)
-        #: the node's live models and graphs, where its state persists between messages (:mod:`fl_app.live`)
-        self.live = live_cache(context.state)
+        #: where this node computes: ``device`` in its node_config, else the run's key (:mod:`fl_app.device`)
+        self.device = resolve_device(str(context.node_config.get(NODE_DEVICE, "") or self.cfg.device))
+        #: the node's live models and graphs, where its state persists between messages (:mod:`fl_app.live`);
+        #: CPU nodes only (the cache builds its models on the CPU)
+        self.live = live_cache(context.state) if self.device.type == "cpu" else None
+
+    def on_device(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``tensors`` (decoded from a message or loaded from data: CPU) moved to :attr:`device`."""
+        return tuple(to_device(t, self.device) for t in tensors)
+
+    def place(self, model: BlockModel) -> BlockModel:
+        """``model`` moved to :attr:`device` (untouched on the CPU)."""
+        return model if self.device.type == "cpu" else model.to(self.device)
 
     @property
     def state(self) -> RecordDict:
@@ -281,7 +294,7 @@ class _Node:
         step = int(sampler.get("step", 0))
         idx = sample_batch(self.task, self.partition_id, sampler, batch_size)
         sampler["step"] = step + 1
-        x, y = load_batch(self.task, self.partition_id, idx, step)
+        x, y = self.on_device(*load_batch(self.task, self.partition_id, idx, step))
         return ConfigRecord({"indices": idx.tolist(), "step": step}), x, y
 
     def forward_seed(self) -> int:
@@ -390,6 +403,9 @@ def _partition_id(context: Context, cfg: RunConfig, required: bool = True) -> in
 
 #: ``node_config`` key of a node's own data directory (device-local data, ``--node-config data-dir=DIR``).
 NODE_DATA_DIR = "data-dir"
+#: ``node_config`` key of the torch device a node computes on (``--node-config 'device="cuda"'``);
+#: absent: the run's ``device`` key
+NODE_DEVICE = "device"
 #: ConfigRecord of the node state holding (``partition-id``) the id the server assigned at the handshake.
 IDENTITY_KEY = "node.identity"
 #: The partition id a node reports in the handshake before it has one (device-local data, none given).
@@ -491,8 +507,8 @@ def train_forward(msg: Message, context: Context) -> Message:
         record["start"], record["end"] = cfg.start, end
     else:
         acts, labels = P.array_of(msg.content, P.ACTIVATIONS), P.get_array(msg.content, P.LABELS)
-        x = P.record_tensor(acts, "x")
-        y = P.record_tensor(labels, "y") if labels is not None else None
+        x = node.on_device(P.record_tensor(acts, "x"))[0]
+        y = node.on_device(P.record_tensor(labels, "y"))[0] if labels is not None else None
         # kept (and the labels passed on) as received: the bytes that re-encoding x and y gives
         inputs = {"x": P.canonical(acts["x"])} if labels is None else \
             {"x": P.canonical(acts["x"]), "y": P.canonical(labels["y"])}
@@ -510,7 +526,7 @@ def train_forward(msg: Message, context: Context) -> Message:
         raise ValueError("train.forward with loss=true needs labels")
     x.requires_grad_(cfg.start > 0)
     model.train()
-    with fixed_rng(seed):
+    with fixed_rng(seed, node.device):
         loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     slot.apply_gradients(model, cfg)
@@ -528,7 +544,7 @@ def train_backward(msg: Message, context: Context) -> Message:
     slot = node.slot(cfg.slot, cfg.model_slot)
     start, end = slot.range
     model = slot.model(start, end)
-    grad = P.record_tensor(P.array_of(msg.content, P.GRADIENT), "g")
+    (grad,) = node.on_device(P.record_tensor(P.array_of(msg.content, P.GRADIENT), "g"))
     graph = None
     if node.live is not None:  # the forward pass's own graph, where it is exactly what recomputing gives
         graph = node.live.take_graph(slot.name, model, slot.batch, slot.array("input") if start > 0 else None)
@@ -538,7 +554,7 @@ def train_backward(msg: Message, context: Context) -> Message:
         x, _ = slot.stored_input()
         x.requires_grad_(start > 0)
         model.train()
-        with fixed_rng(slot.batch.get(RNG_SEED)):  # the first pass's dropout masks
+        with fixed_rng(slot.batch.get(RNG_SEED), node.device):  # the first pass's dropout masks
             acts = model(x)
     if acts.shape != grad.shape:
         raise ValueError(f"gradient shape {tuple(grad.shape)} != activation shape {tuple(acts.shape)}")
@@ -596,7 +612,7 @@ def train_zo_update(msg: Message, context: Context) -> Message:
     shapes = shapes_of(model)
     grads = spsa_gradient(cfg.diffs, (direction(shapes, s) for s in seeds), cfg.smoothing, num_parameters(model))
     for p, g in zip((p for p in model.parameters() if p.requires_grad), grads):
-        p.grad = g
+        p.grad = to_device(g, p.device)
     slot.step(model, slot.optimizer(model, cfg), cfg.clip_norm)
     content = _then(node, model, cfg.next,
                     lambda: node.zo_forward(slot, model, end, cfg.batch_size, len(cfg.diffs), cfg.smoothing))
@@ -610,7 +626,8 @@ def train_fit(msg: Message, context: Context) -> Message:
     cfg = P.FitConfig.from_record(P.config_of(msg.content, P.CONFIG))
     model = node.task.build_model()
     model.load_state_dict(P.record_state(P.array_of(msg.content, P.WEIGHTS)))
-    with fixed_rng(node.forward_seed()):  # dropout masks reproducible on every engine
+    model = node.place(model)
+    with fixed_rng(node.forward_seed(), node.device):  # dropout masks reproducible on every engine
         loss = local_fit(
             model, node.task, node.partition_id, node.config(SAMPLER_KEY),
             iterations=cfg.local_iterations, batch_size=cfg.batch_size, clip_norm=cfg.clip_norm,
@@ -627,6 +644,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     cfg = P.EvaluateConfig.from_record(P.get_config(msg.content, P.CONFIG))
     model = node.task.build_model()
     model.load_state_dict(P.record_state(P.array_of(msg.content, P.WEIGHTS)))
+    model = node.place(model)
     if cfg.split == P.SPLIT_LOCAL:
         part = node.task.partitions[node.partition_id]
         batches = (node.task.data.train_batch(part[i:i + 1000]) for i in range(0, len(part), 1000))

@@ -48,6 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "server-lr-split": 0.0,
     "optimizer": "sgd",
     "init": "default",
+    "device": "auto",
     "momentum": 0.9,
     "weight-decay": 0.0005,
     "clip-norm": 10.0,
@@ -96,6 +97,9 @@ DEFAULTS: dict[str, Any] = {
     "max-virtual-time": 0.0,
     "clock": "virtual",
     "node-timeout": 600.0,
+    "min-clients": 0,
+    "join-timeout": 0.0,
+    "checkpoint-every": 0,
     "output-dir": "",
 }
 
@@ -106,9 +110,9 @@ DEFAULTS: dict[str, Any] = {
 CORE_KEYS: tuple[str, ...] = (
     "strategy", "dataset", "data-dir", "model", "cut-layer", "num-clients", "concurrency",
     "partition", "alpha", "shards", "min-partition-size", "heterogeneity", "batch-parallel",
-    "downlink", "straggler-rate", "global-iterations", "local-iterations", "batch-size", "lr", "client-lr", "server-lr-split", "optimizer", "init", "momentum",
+    "downlink", "straggler-rate", "global-iterations", "local-iterations", "batch-size", "lr", "client-lr", "server-lr-split", "optimizer", "init", "device", "momentum",
     "weight-decay", "clip-norm", "preset", "seed", "eval-every", "eval-samples", "target-accuracy",
-    "max-virtual-time", "clock", "node-timeout", "output-dir",
+    "max-virtual-time", "clock", "node-timeout", "min-clients", "join-timeout", "checkpoint-every", "output-dir",
 )
 
 
@@ -238,13 +242,17 @@ class RunConfig:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
         for key in ["buffer-activations", "buffer-models", "fl-buffer", "eval-every", "eval-samples", "dissimilarity-every", "seed", "min-partition-size",
-                    "drop-per-round"]:
+                    "drop-per-round", "checkpoint-every"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
         if self.concurrency > self.num_clients:
             raise ConfigError(
                 f"concurrency={self.concurrency} exceeds num-clients={self.num_clients}"
             )
+        if not 0 <= self.min_clients <= self.num_clients:
+            raise ConfigError(f"min-clients must be in 0..num-clients ({self.num_clients}), got {self.min_clients}")
+        if not self.join_timeout >= 0:
+            raise ConfigError(f"join-timeout must be >= 0, got {self.join_timeout}")
         if self.clock not in ("virtual", "wall"):
             raise ConfigError(f"clock must be 'virtual' or 'wall', got '{self.clock}'")
         if self.aggregation not in ("data-size", "uniform"):
@@ -262,6 +270,9 @@ class RunConfig:
                              ("sl-order", ("client", "batch"))):
             if self.get(key) not in choices:
                 raise ConfigError(f"{key} must be one of {', '.join(choices)}; got '{self.get(key)}'")
+        from fl_app.device import check_device_name
+
+        check_device_name(self.device)
         if not 0 <= self.epsl_phi <= 1:
             raise ConfigError(f"epsl-phi must be in [0, 1], got {self.epsl_phi}")
         if self.s2fl_groups < 1:

@@ -670,22 +670,29 @@ def _transformer_init(module: nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def fixed_rng(seed: int | None) -> Iterator[None]:
+def fixed_rng(seed: int | None, device: torch.device | None = None) -> Iterator[None]:
     """Run the body with the global CPU torch RNG seeded to ``seed``, then restore it.
 
     Dropout draws its masks from the global RNG, so two forward passes of
     the same model on the same input inside ``fixed_rng(s)`` with the same
     ``s`` give bit-identical outputs (the split runtime recomputes a
     client's forward pass this way). The RNG state outside is unchanged.
-    ``seed=None`` does nothing (the body uses the RNG as it is).
+    ``seed=None`` does nothing (the body uses the RNG as it is). With a
+    CUDA ``device`` (where the model runs), that GPU's generator is forked and
+    seeded too, since dropout on GPU tensors draws from it.
     """
     if seed is None:
         yield
         return
-    with torch.random.fork_rng(devices=[]):
+    cuda = device is not None and device.type == "cuda"
+    index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
+    with torch.random.fork_rng(devices=[index] if cuda else []):
         # the CPU generator only: torch.manual_seed would also queue lazy seeds
         # for CUDA/XPU/MTIA, with a formatted stack trace each (about 1 ms)
         torch.default_generator.manual_seed(int(seed))
+        if cuda:
+            with torch.cuda.device(index):
+                torch.cuda.manual_seed(int(seed))
         yield
 
 

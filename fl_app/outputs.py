@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,15 +45,19 @@ class RunRecorder:
         out_dir: the run directory (created).
         config: the resolved configuration, written to config.json with
             ``extra`` (device profiles, model figures) beside it.
+        resume: the run continues from a checkpoint: config.json and
+            metrics.csv are kept (see :meth:`resume`).
     """
 
-    def __init__(self, out_dir: str | Path, config: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, out_dir: str | Path, config: Mapping[str, Any], extra: Mapping[str, Any] | None = None,
+                 *, resume: bool = False) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         payload = {"config": dict(config), **dict(extra or {})}
-        (self.out_dir / "config.json").write_text(json.dumps(_json_safe(payload), indent=2))
+        if not (resume and (self.out_dir / "config.json").exists()):  # a resumed run keeps the run's own
+            (self.out_dir / "config.json").write_text(json.dumps(_json_safe(payload), indent=2))
         self.metrics_path = self.out_dir / "metrics.csv"
-        if self.metrics_path.exists():
+        if self.metrics_path.exists() and not resume:  # a resumed run truncates it instead, see resume()
             self.metrics_path.unlink()
         self._columns: list[str] | None = None
         self.rows: list[dict[str, Any]] = []
@@ -67,6 +72,31 @@ class RunRecorder:
         with self.metrics_path.open("a", newline="") as fh:
             csv.writer(fh).writerow([row.get(c, "") for c in self._columns])
         self.rows.append(row)
+
+    def resume(self, rows: list[Mapping[str, Any]]) -> None:
+        """Continue a killed run's metrics.csv after its first ``len(rows)`` rows (a checkpoint's).
+
+        Rows written after the checkpoint are dropped (atomically: a
+        temporary file, then :func:`os.replace`), so that the resumed run
+        appends each of them once; ``rows`` become :attr:`rows` (for the plot).
+
+        Raises:
+            ConfigError: metrics.csv is missing or holds fewer rows than ``rows``.
+        """
+        from fl_app.errors import ConfigError
+
+        if not rows:
+            return
+        # bytes, not text: the csv module ends rows with \r\n, which text mode would rewrite
+        lines = self.metrics_path.read_bytes().splitlines(keepends=True) if self.metrics_path.exists() else []
+        if len(lines) < 1 + len(rows):
+            raise ConfigError(f"{self.metrics_path} holds {max(0, len(lines) - 1)} rows, "
+                              f"the checkpoint needs {len(rows)}")
+        self._columns = next(csv.reader([lines[0].decode()]))
+        tmp = self.metrics_path.with_name(self.metrics_path.name + ".tmp")
+        tmp.write_bytes(b"".join(lines[:1 + len(rows)]))
+        os.replace(tmp, self.metrics_path)
+        self.rows = [dict(r) for r in rows]
 
     def finish(self, summary: Mapping[str, Any]) -> dict[str, Any]:
         """Write summary.json and accuracy.png; returns the summary written."""

@@ -17,11 +17,14 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fl_app.config import RunConfig
+from fl_app.device import resolve_device
 from fl_app.errors import ConfigError
 from fl_app.outputs import RunRecorder, default_output_dir
 from fl_app.task import Task, check_batch_size, load_task
 from simulation.clock import VirtualClock
 from simulation.heterogeneity import DeviceTiming, draw_profiles
+from strategies.base import CHECKPOINT_UNSUPPORTED
+from strategies.checkpoint import CHECKPOINT_FILE
 from strategies.clock import WallClock, ZeroTiming
 from strategies.registry import get_strategy
 
@@ -38,6 +41,8 @@ class RunPlan:
         strategy_cls: the strategy class.
         profiles: the device profiles drawn from the seed.
         out_dir: where the outputs go.
+        resume_from: a checkpoint file to continue from (``sflower run
+            resume=RUN_DIR``); None for a fresh run.
     """
 
     cfg: RunConfig
@@ -45,6 +50,7 @@ class RunPlan:
     strategy_cls: type
     profiles: list[Any]
     out_dir: Path
+    resume_from: Path | None = None
 
 
 def plan_run(cfg: RunConfig) -> RunPlan:
@@ -54,9 +60,11 @@ def plan_run(cfg: RunConfig) -> RunPlan:
         ConfigError: unknown strategy, dataset, model or heterogeneity model,
             missing data, impossible partition, cut layer out of range,
             batch size larger than a partition, or a strategy's own check
-            (``check_config``, e.g. RingSFL's propagation lengths).
+            (``check_config``, e.g. RingSFL's propagation lengths),
+            ``device=cuda`` without a GPU.
     """
     strategy_cls = get_strategy(cfg.strategy)
+    resolve_device(cfg.device)  # the server side's device exists here
     profiles = draw_profiles(cfg.heterogeneity, cfg.num_clients, cfg.seed, downlink=cfg.downlink)
     task = load_task(cfg)
     check_batch_size(task, cfg.batch_size)
@@ -68,8 +76,18 @@ def plan_run(cfg: RunConfig) -> RunPlan:
 
 
 def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str, Any]:
-    """Run the planned strategy on ``grid``; write the outputs; return the summary."""
+    """Run the planned strategy on ``grid``; write the outputs; return the summary.
+
+    With ``checkpoint-every`` > 0 the strategy writes ``out_dir/checkpoint.pt``;
+    with ``plan.resume_from`` it continues from that checkpoint.
+
+    Raises:
+        ConfigError: checkpoints or resume asked for on a grid that cannot
+            save its clients' state (Ray, deployment), or an unusable checkpoint.
+    """
     cfg = plan.cfg
+    if (cfg.checkpoint_every or plan.resume_from is not None) and not hasattr(grid, "checkpoint_state"):
+        raise ConfigError(CHECKPOINT_UNSUPPORTED)
     if cfg.clock == "virtual":
         clock, timing = VirtualClock(), DeviceTiming(plan.profiles, cfg.seed, cfg.straggler_rate)
     else:
@@ -83,8 +101,11 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
         ],
         "partition_sizes": [len(p) for p in plan.task.partitions],
     }
-    recorder = RunRecorder(plan.out_dir, cfg.as_dict(), extra)
+    recorder = RunRecorder(plan.out_dir, cfg.as_dict(), extra, resume=plan.resume_from is not None)
     strategy = plan.strategy_cls(cfg, plan.task, clock=clock, timing=timing, recorder=recorder, progress=progress)
+    if cfg.checkpoint_every:
+        strategy.checkpoint_path = plan.out_dir / CHECKPOINT_FILE
+    strategy.resume_from = plan.resume_from
     strategy.start(grid)
     return strategy.summary_dict()
 
@@ -97,6 +118,8 @@ def main(grid: Grid, context: Context) -> None:
     """Entry point under ``flwr run``: the run config comes from ``context.run_config``."""
     try:
         plan = plan_run(RunConfig.from_mapping(context.run_config))
+        if plan.cfg.checkpoint_every:  # the clients' state lives on the nodes here
+            raise ConfigError(CHECKPOINT_UNSUPPORTED)
     except ConfigError as err:
         log.error("sflower: %s", err)
         raise SystemExit(2) from None

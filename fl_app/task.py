@@ -100,7 +100,28 @@ def load_task(cfg: RunConfig) -> Task:
             partition, cut layer out of range.
     """
     key = tuple((k, cfg.get(k)) for k in TASK_KEYS)
-    return _load_task(key)
+    preloaded = _PRELOADED.get(key)
+    return preloaded if preloaded is not None else _load_task(key)
+
+
+#: Tasks an engine handed to this process, by task key (see :func:`preload_task`).
+_PRELOADED: dict[tuple[tuple[str, object], ...], Task] = {}
+
+
+def preload_task(cfg: RunConfig, task: Task) -> None:
+    """Make :func:`load_task` return ``task`` for ``cfg``'s task in this process.
+
+    For engines whose clients run in other processes (the Ray actors of
+    :func:`simulation.engine.run_ray`): the driver loads the dataset and
+    partitions once and hands them over, instead of every actor reading and
+    partitioning the dataset again. ``task`` must hold what :func:`load_task`
+    builds for ``cfg`` (the driver's data and partitions, unchanged); its
+    model template is built from the seed on first use. At most 4 are kept.
+    """
+    key = tuple((k, cfg.get(k)) for k in TASK_KEYS)
+    if len(_PRELOADED) >= 4 and key not in _PRELOADED:
+        _PRELOADED.clear()
+    _PRELOADED[key] = task
 
 
 @functools.lru_cache(maxsize=4)

@@ -25,6 +25,7 @@ from fl_app.protocol import (
     state_record,
     tensor_array,
 )
+from fl_app.device import model_device, to_device
 from fl_app.task import Task, seeded_generator
 
 #: Seed-stream tags, so that the streams drawn from one run seed never overlap.
@@ -84,7 +85,7 @@ def accumulate_gradients(model: nn.Module, record: ArrayRecord | None, weight: f
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
-        g = p.grad.detach() * weight
+        g = (p.grad.detach() * weight).cpu()
         if name not in out:
             out[name] = tensor_array(g)
             continue
@@ -106,7 +107,7 @@ def load_gradients(model: nn.Module, record: ArrayRecord | None) -> bool:
         return False
     acc = record_state(record)
     for name, p in model.named_parameters():
-        p.grad = acc[name].clone() if name in acc else None
+        p.grad = to_device(acc[name].clone(), p.device) if name in acc else None
     return bool(acc)
 
 
@@ -139,9 +140,11 @@ def load_optimizer(model: nn.Module, opt: torch.optim.Optimizer, record: ArrayRe
     for name, p in model.named_parameters():
         for key, value in bufs.items():
             if key == name:
-                opt.state[p]["momentum_buffer"] = value
+                opt.state[p]["momentum_buffer"] = to_device(value, p.device)
             elif key.startswith(name + "|"):
-                opt.state[p][key[len(name) + 1:]] = value
+                entry = key[len(name) + 1:]
+                # AdamW keeps its ``step`` count on the CPU; everything else lives with the parameter
+                opt.state[p][entry] = value if entry == "step" else to_device(value, p.device)
 
 
 def clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, clip_norm: float) -> None:
@@ -218,10 +221,11 @@ def local_fit(
     opt = make_sgd(model, lr, momentum, weight_decay, kind=optimizer)
     model.train()
     total = 0.0
+    device = model_device(model)
     for _ in range(iterations):
         step = int(sampler.get("step", 0))
         idx = sample_batch(task, partition_id, sampler, batch_size)
-        x, y = load_batch(task, partition_id, idx, step)
+        x, y = (to_device(t, device) for t in load_batch(task, partition_id, idx, step))
         sampler["step"] = step + 1
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
@@ -232,10 +236,12 @@ def local_fit(
 
 @torch.no_grad()
 def evaluate_model(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float, int]:
-    """Mean cross-entropy loss, accuracy and example count over ``batches``."""
+    """Mean cross-entropy loss, accuracy and example count over ``batches`` (moved to the model's device)."""
     model.eval()
     loss_sum, correct, count = 0.0, 0, 0
+    device = model_device(model)
     for x, y in batches:
+        x, y = to_device(x, device), to_device(y, device)
         logits = model(x)
         loss_sum += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
         correct += int((logits.argmax(dim=1) == y).sum())

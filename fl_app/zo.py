@@ -61,7 +61,7 @@ def shapes_of(model: nn.Module) -> list[torch.Size]:
 def perturb_(model: nn.Module, u: Sequence[torch.Tensor], scale: float) -> None:
     """``w ← w + scale · u`` in place over the trainable parameters."""
     for p, v in zip((p for p in model.parameters() if p.requires_grad), u):
-        p.add_(v, alpha=scale)
+        p.add_(v if v.device == p.device else v.to(p.device), alpha=scale)
 
 
 def spsa_gradient(diffs: Sequence[float], directions: Iterable[Sequence[torch.Tensor]], mu: float,

@@ -24,6 +24,10 @@ statistics. The machine may be shared: the load average is printed, and
 ``--threads 1`` avoids the stalls that two OpenMP threads suffer when another
 process holds a core.
 
+Memory (``run_memory``, ``--memory``): resident memory of the full-covariance
+statistics for 100 labels at D = 4096, this tree against another revision's
+``strategies/generation.py``, each in a fresh subprocess.
+
 Run: ``python -m simulation.bench_generation`` (or ``python simulation/bench_generation.py``).
 """
 
@@ -316,6 +320,124 @@ def _run(dim, num_classes, buffer, per_label, updates, seed, warmup, baseline_up
     return res
 
 
+# ------------------------------------------------------------------- memory
+_MEMORY_CHILD = r"""
+import importlib.util, json, sys, time
+import torch
+src, labels, dim, per_label, flush = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+if src == "-":
+    from strategies.generation import LabelGaussians
+else:  # another revision's generation.py
+    spec = importlib.util.spec_from_file_location("generation_other", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    LabelGaussians = mod.LabelGaussians
+def rss_mb(key="VmRSS:"):  # VmHWM: this image's peak (ru_maxrss can carry the parent's over exec)
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key):
+                return int(line.split()[1]) / 1024
+lg = LabelGaussians(labels, dim)
+g = torch.Generator().manual_seed(0)
+x = torch.empty(flush, dim)
+base = rss_mb()
+t0 = time.perf_counter()
+seen = 0
+i = 0
+while seen < per_label * labels:
+    y = (torch.arange(flush) + i * flush) % labels
+    torch.randn(flush, dim, generator=g, out=x).relu_()
+    lg.update(x, y)
+    seen += flush
+    i += 1
+end = rss_mb()
+held = lg.memory_bytes() / 2**20 if hasattr(lg, "memory_bytes") else None
+print(json.dumps({"rss_baseline_mb": base, "rss_end_mb": end,
+                  "peak_rss_mb": rss_mb("VmHWM:"),
+                  "held_mb": held, "compressions": lg.num_compressions, "flushes": i,
+                  "seconds": time.perf_counter() - t0}))
+"""
+
+
+def _memory_child(src: str, labels: int, dim: int, per_label: int, flush: int) -> dict:
+    import json
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    proc = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, src, str(labels), str(dim), str(per_label),
+                           str(flush)], cwd=root, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["killed (out of memory?)"])[-1]
+        return {"error": f"exit {proc.returncode}: {tail}"}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["growth_mb"] = out["rss_end_mb"] - out["rss_baseline_mb"]
+    out["peak_growth_mb"] = out["peak_rss_mb"] - out["rss_baseline_mb"]
+    return out
+
+
+def _old_source(rev: str | None, dest_dir: str) -> str | None:
+    """``strategies/generation.py`` of git revision ``rev``, written under ``dest_dir`` (None if unavailable)."""
+    import subprocess
+
+    if not rev:
+        return None
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(["git", "-C", root, "show", f"{rev}:strategies/generation.py"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return None
+    path = os.path.join(dest_dir, "generation_old.py")
+    with open(path, "w") as fh:
+        fh.write(proc.stdout)
+    return path
+
+
+def run_memory(dim=4096, labels=100, seen_per_label=400, steady_labels=3, flush=320, against="HEAD",
+               quick=False) -> dict:
+    """Resident memory of the full-covariance statistics, each case in a fresh subprocess.
+
+    RSS, not tracemalloc (torch's allocations bypass it), measured after the
+    imports and the flush buffer, so the growth is the statistics' own.
+    Two cases, for the working tree ("new") and for ``against``'s
+    ``strategies/generation.py`` ("old", skipped when not a git checkout):
+
+    * ``labels`` labels at D = ``dim`` after ``seen_per_label`` activations
+      each, in flushes of ``flush`` (no label compressed yet: with CIFAR-100
+      at C=10, E=20, B=32 a label sees about 64 activations per global
+      iteration);
+    * ``steady_labels`` labels after enough activations (about D + D/2 each,
+      in flushes of 32 per label) that every label holds a compressed factor
+      and a refilled pending buffer, about the most a label ever holds;
+      ``projected_100_labels_mb`` = 100 times the per-label growth plus the
+      transient peak of a compression.
+    """
+    import tempfile
+
+    if quick:
+        seen_per_label, steady_labels, labels = 100, 1, min(labels, 20)
+    res: dict = {"dim": dim, "labels": labels, "seen_per_label": seen_per_label,
+                 "steady_labels": steady_labels, "flush": flush}
+    with tempfile.TemporaryDirectory(prefix="sflower-genmem-") as tmp:
+        sides = [("new", "-")]
+        old = _old_source(against, tmp)
+        if old is not None:
+            sides.insert(0, ("old", old))
+        for side, src in sides:
+            early = _memory_child(src, labels, dim, seen_per_label, flush)
+            # ~D + 1 columns trigger the first compression, the rest refill the
+            # pending buffer to just under max_pending = D/2 (one column per
+            # activation plus one per flush that holds the label)
+            steady = _memory_child(src, steady_labels, dim, dim + dim // 2 - dim // 16, 32 * steady_labels)
+            if "error" not in steady:
+                per_label = steady["growth_mb"] / steady_labels
+                steady["per_label_mb"] = per_label
+                steady["projected_100_labels_mb"] = 100 * per_label + max(0.0, steady["peak_growth_mb"]
+                                                                          - steady["growth_mb"])
+            res[side] = {"early": early, "steady": steady}
+    return res
+
+
 def _main(argv=None):
     import argparse
 
@@ -325,7 +447,14 @@ def _main(argv=None):
     ap.add_argument("--warmup", type=int, default=150)
     ap.add_argument("--dim", type=int, default=3136)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--memory", action="store_true",
+                    help="only the memory benchmark: 100 labels at D=4096, old (HEAD) vs new")
     args = ap.parse_args(argv)
+    if args.memory:
+        import json
+
+        print(json.dumps(run_memory(), indent=2))
+        return
     t0 = time.perf_counter()
     r = run(dim=args.dim, updates=args.updates, warmup=args.warmup, seed=args.seed,
             threads=args.threads)

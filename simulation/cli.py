@@ -2,7 +2,8 @@
 
 ``sflower run KEY=VALUE ...`` takes the run-config keys of
 ``pyproject.toml`` (see :data:`fl_app.config.DEFAULTS`) plus
-``engine=inprocess|ray``. ``sflower partition ... out=DIR`` writes each
+``engine=inprocess|ray``; ``sflower run resume=RUN_DIR`` continues a killed
+run from its last checkpoint (``checkpoint-every=N``). ``sflower partition ... out=DIR`` writes each
 partition's training files to its own directory (device-local data for a
 deployment rehearsal). Bad input prints one line and exits with status 2.
 """
@@ -31,16 +32,47 @@ def _split_engine(pairs: dict[str, str]) -> tuple[str, dict[str, str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """``sflower run``: plan (validate everything), then run on the chosen engine."""
+    """``sflower run``: plan (validate everything), then run on the chosen engine.
+
+    ``resume=RUN_DIR`` continues a killed run from ``RUN_DIR/checkpoint.pt``
+    (written with ``checkpoint-every=N``) with the checkpoint's configuration;
+    keys given beside it must equal the checkpoint's, except
+    ``checkpoint-every``. Checkpoints and resume need the in-process engine.
+    """
+    from pathlib import Path
+
     from fl_app.server_app import plan_run
-    from simulation.engine import run_inprocess, run_ray
-    from strategies.base import DivergedError, RunFailedError
+    from simulation.engine import pop_engine_options, run_inprocess, run_ray
+    from strategies import checkpoint as ckpt
+    from strategies.base import CHECKPOINT_UNSUPPORTED, DivergedError, RunFailedError
 
     engine, pairs = _split_engine(parse_key_values(args.pairs))
-    plan = plan_run(RunConfig.from_mapping(pairs))
+    engine_options = pop_engine_options(engine, pairs)  # ray-address, ray-cpus, ray-gpus
+    resume = pairs.pop("resume", None)
+    if resume is not None:
+        if not resume:
+            raise ConfigError("resume needs a run directory: resume=RUN_DIR")
+        run_dir = Path(resume)
+        if not run_dir.is_dir():
+            raise ConfigError(f"resume={resume}: no such run directory")
+        saved = dict(ckpt.read_meta(run_dir / ckpt.CHECKPOINT_FILE)["config"])
+        given = RunConfig.from_mapping({**saved, **pairs}).as_dict()
+        for key in (k.replace("_", "-") for k in pairs):
+            if key == "output-dir" and Path(str(given[key])).resolve() == run_dir.resolve():
+                continue
+            if key != "checkpoint-every" and given[key] != saved.get(key):
+                raise ConfigError(f"resume: {key}={pairs.get(key, pairs.get(key.replace('-', '_')))} differs from "
+                                  f"the checkpoint's {key}={saved.get(key)!r} (give only checkpoint-every, or nothing)")
+        pairs = {**saved, "checkpoint-every": given["checkpoint-every"], "output-dir": str(run_dir)}
+    cfg = RunConfig.from_mapping(pairs)
+    if engine != "inprocess" and (cfg.checkpoint_every or resume is not None):
+        raise ConfigError(CHECKPOINT_UNSUPPORTED)
+    plan = plan_run(cfg)
+    if resume is not None:
+        plan.resume_from = Path(resume) / ckpt.CHECKPOINT_FILE
     try:
         if engine == "ray":
-            summary = run_ray(plan, progress=not args.quiet)
+            summary = run_ray(plan, progress=not args.quiet, **engine_options)
         else:
             summary = run_inprocess(plan, progress=not args.quiet)
     except DivergedError as err:
@@ -78,6 +110,41 @@ def cmd_partition(args: argparse.Namespace) -> int:
     dirs = write_partition_dirs(cfg, out)
     print(f"wrote {len(dirs)} partitions of {cfg.dataset} ({cfg.partition}) to {dirs[0].parent}/partition-0 .. "
           f"partition-{len(dirs) - 1}")
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """``sflower deploy nodes=N [options] [run-config keys]``: a loopback SuperLink/SuperNode deployment.
+
+    ``sflower deploy bench [options]`` measures the split exchange against an
+    echo ClientApp instead. See :mod:`simulation.deploy` and
+    :mod:`simulation.bench_deploy`.
+    """
+    from simulation.deploy import DeployError, deploy, flower_binaries_missing, parse_deploy_args
+
+    missing = flower_binaries_missing()
+    if missing:
+        raise ConfigError(f"deploy needs Flower's {', '.join(missing)} (pip install 'flwr[simulation]==1.41.0')")
+    words = list(args.pairs)
+    if words[:1] == ["bench"]:
+        from simulation.bench_deploy import run_bench
+
+        try:
+            run_bench(parse_key_values(words[1:]))
+        except DeployError as err:
+            print(f"sflower: deploy bench failed: {err}", file=sys.stderr)
+            return EXIT_FAILED
+        return 0
+    options = parse_deploy_args(parse_key_values(words))
+    try:
+        summary = deploy(options, quiet=args.quiet)
+    except DeployError as err:
+        print(f"sflower: deploy failed: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    d = summary["deploy"]
+    print(f"{summary['strategy']}: final accuracy {summary['final_accuracy']:.4f} after "
+          f"{summary['global_iterations']} global iterations, {summary['exchanges']} exchanges, "
+          f"{d['run_s']:.1f} s ({d['startup_s']:.1f} s to start {d['nodes']} SuperNodes) -> {d['run_dir']}")
     return 0
 
 
@@ -126,7 +193,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         raise ConfigError(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(BENCHMARKS)}")
-    run_benchmarks(names, quick=args.quick, data_dir=args.data_dir)
+    run_benchmarks(names, quick=args.quick, data_dir=args.data_dir, against=args.against)
     return 0
 
 
@@ -134,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``sflower``."""
     parser = argparse.ArgumentParser(prog="sflower", description="Split federated learning on Flower.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one job", description="Keys: " + ", ".join(DEFAULTS) + ", engine")
+    run = sub.add_parser("run", help="run one job", description="Keys: " + ", ".join(DEFAULTS) + ", engine, ray-address, ray-cpus, ray-gpus; or "
+                         "resume=RUN_DIR to continue a run that wrote checkpoints (checkpoint-every=N)")
     run.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
@@ -150,12 +218,22 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("only", nargs="*", help="benchmarks to run (default: all)")
     bn.add_argument("--quick", action="store_true", help="smaller budgets")
     bn.add_argument("--data-dir", default=None, help="Fashion-MNIST directory (default ../shared/data/fashion-mnist)")
+    bn.add_argument("--against", default=None, metavar="REV",
+                    help="throughput: also run git revision REV (e.g. HEAD) side by side and report the ratio; "
+                         "generation: REV's statistics memory beside ours (default HEAD)")
     bn.set_defaults(func=cmd_bench)
     pt = sub.add_parser("partition", help="write each partition's training files to DIR/partition-K",
                         description="Keys: dataset, data-dir, num-clients, partition, alpha, shards, seed, "
                                     "min-partition-size, out (required)")
     pt.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
     pt.set_defaults(func=cmd_partition)
+    dp = sub.add_parser("deploy", help="loopback deployment: SuperLink, N SuperNodes with own data, TLS, auth",
+                        description="sflower deploy nodes=N [intruders=M tls=true auth=true fast=false "
+                                    "isolation=subprocess run-dir=DIR timeout=S kill-node=K kill-after=S "
+                                    "restart-after=S] [run-config KEY=VALUE ...]; sflower deploy bench [...]")
+    dp.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
+    dp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    dp.set_defaults(func=cmd_deploy)
     st = sub.add_parser("strategies", help="list strategies")
     st.set_defaults(func=cmd_strategies)
     return parser

@@ -14,7 +14,9 @@ DESIGN.md section 5. :class:`SFLStrategy` subclasses Flower's
 * evaluation of the global model, metric rows, progress, stop conditions;
 * error replies, timeouts and malformed replies (:meth:`SFLStrategy.validate_reply`,
   :mod:`strategies.validation`): the client's work is dropped, the client is
-  excluded with a one-line reason in the log, and the run goes on.
+  excluded with a one-line reason in the log, and the run goes on;
+* checkpoints (``checkpoint-every``) and resume (:meth:`SFLStrategy.write_checkpoint`,
+  :meth:`SFLStrategy.restore_checkpoint`, :mod:`strategies.checkpoint`).
 
 Two loop shapes are provided:
 
@@ -27,12 +29,14 @@ Two loop shapes are provided:
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,9 +48,11 @@ from flwr.serverapp.strategy import Result, Strategy
 from fl_app import protocol as P
 from fl_app.config import Option, RunConfig
 from fl_app.costs import BlockCosts
+from fl_app.device import model_device, resolve_device, to_device
 from fl_app.models import BlockModel
 from fl_app.task import Task
 from fl_app.training import evaluate_model
+from strategies import checkpoint as ckpt
 from strategies.clock import Clock, Timing
 from strategies.dispatcher import SCHEDULED, Dispatcher, Pending, Reply, Request
 from strategies.validation import ReplyChecker, ReplyProblem
@@ -54,6 +60,10 @@ from strategies.validation import ReplyChecker, ReplyProblem
 log = logging.getLogger("sflower")
 
 STREAM_SELECTION = 3
+
+#: Why checkpoints need the in-process engine (one line, for errors).
+CHECKPOINT_UNSUPPORTED = ("checkpoint-every and resume need the in-process engine (engine=inprocess): under Ray "
+                          "and in deployment the clients' state lives on the nodes, out of the server's reach")
 
 
 class DivergedError(RuntimeError):
@@ -134,6 +144,14 @@ class SFLStrategy(Strategy):
         self._wall0 = time.monotonic()
         self._bar: Any = None
         self.dispatcher: Dispatcher | None = None
+        #: where :meth:`maybe_checkpoint` writes (set by the runner when ``checkpoint-every`` > 0)
+        self.checkpoint_path: Path | None = None
+        #: the checkpoint :meth:`start` resumes from instead of starting afresh (set by the runner)
+        self.resume_from: Path | None = None
+        #: global iteration of the last checkpoint written or resumed from
+        self._checkpointed = 0
+        self._resumed = False
+        self._run_start = 0.0
 
     # ------------------------------------------------------------------ Flower API
     # Flower's per-round API is not used: start() runs the strategy's own loop.
@@ -200,19 +218,24 @@ class SFLStrategy(Strategy):
         # server-side model) follows the seed; clients draw theirs under fixed_rng.
         torch.manual_seed(self.cfg.seed)
         try:
-            self.connect(grid, timeout if timeout is not None else self.cfg.node_timeout)
-            self.initialize()
-            if initial_arrays is not None:
-                self.global_model().load_state_dict(P.record_state(initial_arrays))
-            self._open_progress()
-            self.evaluate_and_record()
+            if self.resume_from is not None:  # everything below comes from the checkpoint
+                self.restore_checkpoint(grid, self.resume_from)
+                self._open_progress()
+            else:
+                self.connect(grid, timeout if timeout is not None else self.cfg.node_timeout)
+                self.initialize()
+                if initial_arrays is not None:
+                    self.global_model().load_state_dict(P.record_state(initial_arrays))
+                self._open_progress()
+                self.evaluate_and_record()
             if not self.should_stop():
-                self.eval_seconds = 0.0  # count only the evaluations inside run()
-                t0 = time.perf_counter()
+                if not self._resumed:
+                    self.eval_seconds = 0.0  # count only the evaluations inside run()
+                self._run_start = time.perf_counter() - self.run_seconds
                 try:
                     self.run()
                 finally:
-                    self.run_seconds = time.perf_counter() - t0
+                    self.run_seconds = time.perf_counter() - self._run_start
             self.status = "completed"
         except DivergedError as err:
             self.status = f"diverged: {err}"
@@ -245,6 +268,15 @@ class SFLStrategy(Strategy):
         """The full model evaluated on the test set (client ∘ server parts)."""
         raise NotImplementedError
 
+    @property
+    def device(self) -> torch.device:
+        """The server side's torch device: the ``device`` key resolved here (:mod:`fl_app.device`)."""
+        return resolve_device(self.cfg.device)
+
+    def on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (e.g. decoded from a reply, always on the CPU) moved to :attr:`device`."""
+        return to_device(tensor, self.device)
+
     def extra_metrics(self) -> dict[str, float]:
         """Extra columns for the metric row of the current evaluation."""
         return {}
@@ -262,12 +294,20 @@ class SFLStrategy(Strategy):
         ``info`` record carries it. Nodes beyond ``num-clients`` are left out
         with a warning.
 
+        With ``min-clients`` > 0 the wait for all ``num-clients`` nodes ends
+        after ``join-timeout`` seconds (0: ``timeout``), and the run starts
+        with the nodes present if they are at least ``min-clients``; the
+        partitions no node holds take no part (``failure_reasons`` says so).
+
         Raises:
             RunFailedError: too few nodes within ``timeout`` seconds, or a
                 node's handshake failed or is malformed, or two nodes claim
-                one partition, or a partition has no node.
+                one partition, or a partition has no node (and fewer than
+                ``min-clients`` nodes joined).
         """
         need = self.cfg.num_clients
+        least = self.cfg.min_clients or need  # min-clients: start with fewer nodes after join-timeout
+        wait = self.cfg.join_timeout or timeout
         t0 = time.monotonic()
         node_ids = list(grid.get_node_ids())
         warned = False
@@ -276,8 +316,12 @@ class SFLStrategy(Strategy):
                 log.warning("waiting for %d nodes, %d connected (num-supernodes must equal num-clients)",
                             need, len(node_ids))
                 warned = True
-            if time.monotonic() - t0 > timeout:
-                raise RunFailedError(f"only {len(node_ids)} of {need} nodes connected after {timeout:.0f} s")
+            if time.monotonic() - t0 > wait:
+                if len(node_ids) >= least:
+                    log.warning("starting with %d of %d nodes after %g s (min-clients=%d)",
+                                len(node_ids), need, wait, least)
+                    break
+                raise RunFailedError(f"only {len(node_ids)} of {need} nodes connected after {wait:.0f} s")
             time.sleep(0.2)
             node_ids = list(grid.get_node_ids())
         task_record = ConfigRecord({k: v for k, v in self.cfg.as_dict().items()})
@@ -305,8 +349,12 @@ class SFLStrategy(Strategy):
                 self._register(nid, info)
                 log.info("node %d holds its own data: partition id %d assigned", nid, assigned[nid])
         missing = sorted(set(range(need)) - set(self.clients))
-        if missing:
+        if missing and len(self.clients) < least:
             raise RunFailedError(f"no node holds partitions {missing}")
+        for p in missing:  # fewer nodes than num-clients (min-clients): these partitions take no part
+            self.failure_reasons[p] = "query.info: no node joined"
+        if missing:
+            log.warning("no node holds partitions %s; the run goes on with %d clients", missing, len(self.clients))
         self.dispatcher = Dispatcher(grid, self.clock, {p: c.node_id for p, c in self.clients.items()},
                                      timeout=self.cfg.node_timeout)
 
@@ -364,6 +412,63 @@ class SFLStrategy(Strategy):
             raise RunFailedError(f"malformed handshake from node {nid}: label histogram of {hist.size} "
                                  f"counts summing to {int(hist.sum())}, expected {classes} summing to {size}")
         self.clients[pid] = ClientInfo(pid, nid, int(size), hist)
+
+    #: wall seconds between two looks for excluded SuperNodes that came back (:meth:`readmit`)
+    readmit_every_s: ClassVar[float] = 5.0
+    _readmit_looked: float = 0.0
+
+    def readmit(self) -> list[int]:
+        """Re-admit excluded clients whose SuperNode came back, after a fresh handshake (wall clock only).
+
+        A client excluded because the SuperLink reported its node unavailable
+        (the SuperNode died: no heartbeat) is handshaken again once a node is
+        online that no live client uses: its old node id (a SuperNode restarted
+        with the same key keeps its id) or a new one. A node that replies with
+        that partition id, the same size and the same label histogram takes the
+        partition again, and ``failure_reasons`` notes it. Other exclusions
+        (malformed or non-finite replies, ClientApp errors, timeouts) are final.
+        Does nothing on the virtual clock, so simulated runs are unchanged. Looks
+        at most every :attr:`readmit_every_s` seconds; a failed handshake is
+        logged and skipped.
+
+        Returns:
+            the partition ids re-admitted.
+        """
+        if self.cfg.clock != "wall" or self.dispatcher is None:
+            return []
+        gone = [p for p in sorted(self.failed) if "node unavailable" in self.failure_reasons.get(p, "").lower()]
+        if not gone or time.monotonic() - self._readmit_looked < self.readmit_every_s:
+            return []
+        self._readmit_looked = time.monotonic()
+        grid = self.dispatcher.grid
+        in_use = {self.clients[p].node_id for p in self.live_clients()}
+        fresh = [n for n in grid.get_node_ids() if n not in in_use]
+        if not fresh:
+            return []
+        task_record = ConfigRecord({k: v for k, v in self.cfg.as_dict().items()})
+        try:
+            answers = self._handshake(grid, {n: RecordDict({P.TASK: task_record}) for n in fresh},
+                                      time.monotonic(), min(self.cfg.node_timeout, 120.0))
+        except RunFailedError as err:
+            log.warning("re-admission handshake failed (%s); will look again", err)
+            return []
+        back = []
+        for nid, info in answers:
+            pid = int(info[P.INFO_PARTITION_ID])
+            old = self.clients.get(pid)
+            if pid not in gone or old is None or pid in back:
+                continue
+            hist = np.asarray(info.get(P.INFO_LABEL_HISTOGRAM, []), dtype=np.int64)
+            if info.get(P.INFO_NUM_EXAMPLES) != old.num_examples or not np.array_equal(hist, old.label_histogram):
+                log.warning("node %d claims partition %d with other data; not re-admitted", nid, pid)
+                continue
+            self.clients[pid] = ClientInfo(pid, nid, old.num_examples, old.label_histogram)
+            self.dispatcher.node_of[pid] = nid
+            self.failed.discard(pid)
+            self.failure_reasons[pid] += "; re-admitted after a fresh handshake"
+            back.append(pid)
+            log.warning("client %d is back (node %d): re-admitted after a fresh handshake", pid, nid)
+        return back
 
     # ------------------------------------------------------------------ selection
     def live_clients(self) -> list[int]:
@@ -573,6 +678,8 @@ class SFLStrategy(Strategy):
         limit = 0 if full else self.cfg.eval_samples
 
         def evaluate(model: BlockModel) -> tuple[float, float]:
+            if model_device(model) != self.device:  # e.g. an FL model, aggregated on the CPU
+                model = copy.deepcopy(model).to(self.device)
             batches = self.task.data.test_batches()
             loss, acc, _ = evaluate_model(model, _take(batches, limit) if limit else batches)
             return loss, acc
@@ -670,12 +777,137 @@ class SFLStrategy(Strategy):
         waited = self.dispatcher.seconds if self.dispatcher else 0.0
         return max(0.0, self.run_seconds - waited - self.eval_seconds)
 
+    # ------------------------------------------------------------------ checkpoints
+    #: Attributes that are not server state: the run's environment (the resumed run brings its own),
+    #: wall-clock bookkeeping (saved as elapsed seconds), and the dispatcher (saved by its own state_dict).
+    NOT_CHECKPOINTED: ClassVar[frozenset[str]] = frozenset({
+        "cfg", "task", "clock", "timing", "recorder", "progress", "costs", "dispatcher", "_bar", "_checker",
+        "_wall0", "_run_start", "checkpoint_path", "resume_from", "_resumed",
+    })
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Hook: the strategy's server state for a checkpoint (models, optimizers, buffers, generators,
+        counters, metric rows).
+
+        The default is every instance attribute except :attr:`NOT_CHECKPOINTED`;
+        it is written in one :func:`torch.save` with the dispatcher's and the
+        clients' state, so shared objects (an optimizer's parameters, a
+        request both pending and tagged) stay shared. References to the
+        run's environment (the strategy itself, ``cfg``, ``task`` and its
+        attributes, clock, timing, recorder, grid) are written by name and
+        resolve to the resumed run's objects, which are rebuilt from the
+        configuration: a strategy must keep its changing state in its own
+        attributes, not in those objects. A subclass holding something that
+        cannot be pickled overrides this and :meth:`load_checkpoint_state`.
+        """
+        return {k: v for k, v in vars(self).items() if k not in self.NOT_CHECKPOINTED}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Hook: restore :meth:`checkpoint_state` (the resumed run skips :meth:`initialize`)."""
+        self.__dict__.update(state)
+
+    def maybe_checkpoint(self) -> None:
+        """Write a checkpoint when ``checkpoint-every`` global iterations have passed since the last one.
+
+        The loops call it where the server state is whole: before each round
+        (:class:`SyncStrategy`), before waiting for each reply
+        (:class:`AsyncStrategy`). No checkpoint is written once the run has
+        stopped.
+        """
+        every = self.cfg.checkpoint_every
+        if every and self.checkpoint_path is not None and self.global_iteration >= self._checkpointed + every:
+            self.write_checkpoint(self.checkpoint_path)
+
+    def _environment(self, grid: Grid) -> dict[str, Any]:
+        """The run's objects that a checkpoint refers to by name instead of writing them (see :mod:`strategies.checkpoint`)."""
+        env = {"strategy": self, "cfg": self.cfg, "task": self.task, "clock": self.clock, "timing": self.timing,
+               "recorder": self.recorder, "costs": self.costs, "grid": grid}
+        env.update({f"task.{k}": v for k, v in vars(self.task).items()
+                    if not isinstance(v, (bool, int, float, str, bytes, type(None)))})
+        return {k: v for k, v in env.items() if v is not None}
+
+    def write_checkpoint(self, path: str | Path) -> None:
+        """Write the server state to ``path`` (atomically; see :mod:`strategies.checkpoint`).
+
+        Saved: :meth:`checkpoint_state`, the dispatcher's pending work, the
+        engine's client state (``grid.checkpoint_state()``), the clock, the
+        process RNG states and the wall seconds so far.
+
+        Raises:
+            CheckpointError: the grid cannot save its clients' state (their
+                state lives on the nodes: Ray, deployment).
+        """
+        assert self.dispatcher is not None
+        grid = self.dispatcher.grid
+        if not hasattr(grid, "checkpoint_state"):
+            raise ckpt.CheckpointError(CHECKPOINT_UNSUPPORTED)
+        self._checkpointed = self.global_iteration
+        state = {
+            "strategy": self.checkpoint_state(),
+            "dispatcher": self.dispatcher.state_dict(),
+            "grid": grid.checkpoint_state(),
+            "clock": self.clock.now(),
+            "rng": ckpt.rng_state(),
+            "wall_s": time.monotonic() - self._wall0,
+            "run_s": time.perf_counter() - self._run_start,
+        }
+        data = ckpt.dumps(state, self._environment(grid))
+        meta = {"strategy": self.name, "config": self.cfg.as_dict(), "global_iteration": self.global_iteration,
+                "rows": len(self.rows), "virtual_time_s": self.clock.now()}
+        ckpt.write(path, meta, data)
+        log.info("checkpoint at global iteration %d -> %s", self.global_iteration, path)
+
+    def restore_checkpoint(self, grid: Grid, path: str | Path) -> None:
+        """Continue from a checkpoint instead of the handshake, :meth:`initialize` and the first evaluation.
+
+        Restores the strategy, the clients' state on ``grid``, the pending
+        work (a new :class:`Dispatcher` on ``grid``), the clock, the RNG
+        states, and truncates the recorder's metrics.csv to the rows written
+        by then (``recorder.resume(rows)``).
+
+        Raises:
+            CheckpointError: unreadable file, another strategy or
+                configuration (``checkpoint-every`` and ``output-dir`` may
+                differ), or a grid that cannot restore client state.
+        """
+        meta, data = ckpt.read(path)
+        if meta.get("strategy") != self.name:
+            raise ckpt.CheckpointError(f"{path} is a checkpoint of strategy '{meta.get('strategy')}', not '{self.name}'")
+        mine, theirs = self.cfg.as_dict(), dict(meta.get("config", {}))
+        diff = sorted(k for k in set(mine) | set(theirs)
+                      if k not in ("checkpoint-every", "output-dir") and mine.get(k) != theirs.get(k))
+        if diff:
+            k = diff[0]
+            raise ckpt.CheckpointError(f"configuration differs from the checkpoint's: {k}={mine.get(k)!r} "
+                                       f"(checkpoint: {theirs.get(k)!r})" + (f" and {len(diff) - 1} more" if len(diff) > 1 else ""))
+        if not hasattr(grid, "restore_checkpoint_state"):
+            raise ckpt.CheckpointError(CHECKPOINT_UNSUPPORTED)
+        state = ckpt.loads(data, self._environment(grid))
+        try:
+            grid.restore_checkpoint_state(state["grid"])
+        except ValueError as err:
+            raise ckpt.CheckpointError(f"{path}: {err}") from None
+        self.load_checkpoint_state(state["strategy"])
+        self.dispatcher = Dispatcher(grid, self.clock, {p: c.node_id for p, c in self.clients.items()},
+                                     timeout=self.cfg.node_timeout)
+        self.dispatcher.load_state_dict(state["dispatcher"])
+        self.clock.resume_at(float(state["clock"]))
+        ckpt.set_rng_state(state["rng"])
+        self._wall0 = time.monotonic() - float(state["wall_s"])
+        self.run_seconds = float(state["run_s"])
+        if self.recorder is not None and hasattr(self.recorder, "resume"):
+            self.recorder.resume(self.rows)
+        self._resumed = True
+        log.info("resumed %s at global iteration %d (virtual time %.3f s) from %s",
+                 self.name, self.global_iteration, self.clock.now(), path)
+
     # ------------------------------------------------------------------ progress
     def _open_progress(self) -> None:
         if self.progress:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=self.cfg.global_iterations, desc=self.name, unit="it", leave=True)
+            self._bar = tqdm(total=self.cfg.global_iterations, initial=self.global_iteration, desc=self.name,
+                             unit="it", leave=True)
 
     def _close_progress(self) -> None:
         if self._bar is not None:
@@ -705,6 +937,8 @@ class SyncStrategy(SFLStrategy):
     def run(self) -> None:
         """Rounds until a stop condition holds."""
         while not self.should_stop():
+            self.maybe_checkpoint()
+            self.readmit()
             cohort = self.select(self.cfg.concurrency)
             if not cohort:
                 raise RunFailedError("no live clients left to select")
@@ -727,9 +961,11 @@ class AsyncStrategy(SFLStrategy):
     def run(self) -> None:
         """Keep ``concurrency`` clients busy; dispatch replies until a stop condition."""
         assert self.dispatcher is not None
-        for pid in self.select(self.cfg.concurrency):
-            self.launch(pid)
+        if not self._resumed:  # a resumed run's clients are at work already (the checkpoint's pending work)
+            for pid in self.select(self.cfg.concurrency):
+                self.launch(pid)
         while not self.should_stop():
+            self.maybe_checkpoint()
             if self.dispatcher.in_flight == 0:
                 raise RunFailedError("no client is training and none can be started")
             reply = self.receive()
@@ -748,6 +984,7 @@ class AsyncStrategy(SFLStrategy):
         assert self.dispatcher is not None
         if self.should_stop():
             return
+        self.readmit()
         free = self.cfg.concurrency - self.dispatcher.in_flight
         busy = [p for p in self.live_clients() if self.dispatcher.busy(p)]
         for pid in self.select(free, exclude=busy):

@@ -32,6 +32,10 @@ class Clock(ABC):
     def advance_to(self, t: float) -> None:
         """Move time forward to ``t`` seconds (never backwards)."""
 
+    def resume_at(self, t: float) -> None:
+        """A resumed run's clock: continue from ``t`` seconds (a checkpoint's time)."""
+        self.advance_to(t)
+
 
 class Timing(ABC):
     """Maps a client's work to seconds on its device."""
@@ -77,6 +81,10 @@ class WallClock(Clock):
 
     def advance_to(self, t: float) -> None:
         """No-op: wall time moves by itself."""
+
+    def resume_at(self, t: float) -> None:
+        """Count on from ``t`` seconds (the time of the checkpoint a run resumes from)."""
+        self._t0 = time.monotonic() - t
 
 
 class ZeroTiming(Timing):

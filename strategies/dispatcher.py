@@ -199,6 +199,27 @@ class Dispatcher:
         live = self._live[partition_id]
         return max(self.clock.now(), live[-1].due) if live else self.clock.now()
 
+    # ------------------------------------------------------------------ checkpoints
+    #: attributes that make up the pending work (see :meth:`state_dict`)
+    _STATE = ("_heap", "_live", "_outbox", "_wire", "_arrived", "_arrival_order", "exchanges", "seconds")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The pending work, for a checkpoint: scheduled requests (queued, delivered, or answered and
+        waiting in due-time order), the next sequence number and the counters. The grid, the clock and
+        the node map are not included (the resumed run brings its own)."""
+        nxt = next(self._seq)
+        self._seq = itertools.count(nxt)
+        return {"seq": nxt, **{k: getattr(self, k) for k in self._STATE}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`. The timeout of a delivered message counts from now."""
+        self._seq = itertools.count(int(state["seq"]))
+        for k in self._STATE:
+            setattr(self, k, state[k])
+        now = time.monotonic()
+        for pending in self._wire.values():
+            pending.wall_sent = now
+
     # ------------------------------------------------------------------ sending
     def send(self, partition_id: int, request: Request, duration: float) -> Pending:
         """Schedule a request: due ``duration`` seconds after the node's earlier requests.

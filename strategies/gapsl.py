@@ -230,7 +230,8 @@ class GAPSL(PSL):
             ratio = 1.0
         elif c.gapsl_lgi == "random":
             k = max(1, math.ceil(ratio * n - 1e-9))
-            scores = torch.as_tensor(self.ablation_rng.permutation(n), dtype=torch.float64)  # a random order
+            scores = torch.as_tensor(self.ablation_rng.permutation(n), dtype=torch.float64,
+                                     device=grads.device)  # a random order
             ratio = k / n
         lead, _ = leader_gradient(grads, scores, ratio)
         _, _, selected = alignment(grads, lead.to(grads.dtype), c.gapsl_eta)

@@ -118,7 +118,7 @@ class GAS(SplitMixin, AsyncStrategy):
         if not self.cfg.logit_adjust:
             return None
         hist = torch.as_tensor(self.clients[pid].label_histogram, dtype=torch.float32)
-        return hist / hist.sum()
+        return self.on_device(hist / hist.sum())
 
     # ------------------------------------------------------------------ events
     def launch(self, pid: int) -> None:
@@ -166,12 +166,14 @@ class GAS(SplitMixin, AsyncStrategy):
                 gx, gy = self.gaussians.generate(y, self.cfg.batch_size, self.generator)
                 if gy.numel():
                     self.generated_total += int(gy.numel())
+                    # the statistics and their draws stay on the CPU (float64, exact); the batch goes to the device
+                    gx, gy = self.on_device(gx), self.on_device(gy)
                     x = torch.cat([x, gx.reshape(-1, *self.activation_shape)])
                     y = torch.cat([y, gy])
         every = self.cfg.dissimilarity_every
         if every and self.server_updates % every == 0:
             self.last_dissimilarity = self.gradient_dissimilarity(x, y)
-        server_step(self.server_model, self.server_opt, x, y, self.cfg.clip_norm)
+        server_step(self.server_model, self.server_opt, x, y, self.cfg.clip_norm, input_grad=False)
         self.server_updates += 1
 
     def on_upload(self, pid: int, state: dict[str, torch.Tensor], num_examples: int) -> None:
@@ -209,7 +211,7 @@ class GAS(SplitMixin, AsyncStrategy):
         The reference gradient is taken on activations of a fixed balanced
         training sample through the current client-side model.
         """
-        rx, ry = self.reference_batch()
+        rx, ry = (self.on_device(t) for t in self.reference_batch())
         with torch.no_grad():
             ra = self.client_model(rx)
         diff = self.server_gradient(x, y) - self.server_gradient(ra, ry)

@@ -50,7 +50,8 @@ scratch at a flush::
 * L (D x D, lower triangular) is the Cholesky factor of G + r*I, where G is
   Sigma_y as it was at the last "compression"; c (0 < c <= 1) is the factor by
   which that old part has been down-weighted since (c = 0 before the first
-  compression, when there is no L).
+  compression, when there is no L). G itself is not stored: L L^T - r*I
+  gives it back when needed.
 * K (D x j) holds the columns added since: a flush's contribution to the
   covariance is low rank, namely (from the merge formula above)
   ``Sigma = a*Sigma_o + sum_i (w/W)(x_i - mu_b)(x_i - mu_b)^T
@@ -61,12 +62,14 @@ scratch at a flush::
   standard normal e1, e2, e3, whose covariance is c(G + rI) + KK^T + (1-c)rI
   = Sigma_y + r*I: exactly the target distribution, for O(D(D+j)) per sample.
 * When K has more than ``max_pending`` columns (default D/2; before the first
-  compression, more than D), it is folded in: G <- c*G + K K^T,
-  L <- chol(G + r*I), c <- 1, K <- []. This costs one D^3/3 Cholesky per
-  ``max_pending`` absorbed columns instead of one per label per flush, and is
-  exact up to float64 rounding. If rounding makes G + r*I numerically
-  indefinite (only possible when r is tiny relative to ||Sigma||), L falls
-  back to V sqrt(max(lambda, 0) + r) from an eigendecomposition of G.
+  compression, more than D), it is folded
+  in: L <- chol(c L L^T + K K^T + (1 - c) r I) = chol(G' + r*I) for the new
+  G' = c*G + K K^T, formed and factorised in float64; c <- 1, K <- []. This
+  costs about two D^3/3 products per ``max_pending`` absorbed columns instead
+  of one Cholesky per label per flush, and is exact up to the rounding of the
+  stored factors. If rounding makes G' + r*I numerically indefinite (only
+  possible when r is tiny relative to ||Sigma||), L falls back to
+  V sqrt(max(lambda, 0) + r) from an eigendecomposition of G'.
 * The products that meet a triangle (K K^T into G's lower triangle, e1 L^T)
   are done by row blocks that skip the zero half, like BLAS syrk/trmm.
 
@@ -76,17 +79,27 @@ cost is O(D^2 * new columns) plus the sampling, with one Cholesky every
 touched at all. ``simulation/bench_generation.py`` measures it against the
 straightforward implementation.
 
-Precision and memory: mean, G, K and all weights are float64, so ``mean()``
-and ``covariance()`` match eqs. 11-12 to float64 rounding. The sampling factor
-L (and a copy of K used for sampling) is stored in ``factor_dtype``, float32
-by default: it changes the sampled covariance by float32 rounding (relative
-~1e-7, well below r = 1e-5 for activations of order 1) and halves the cost of
-the matrix products; samples are float32 either way. Pass
-``factor_dtype=torch.float64`` to sample with float64 factors. In full mode a
-label holds G (D*D float64), L (D*D factor_dtype) and up to about
-max_pending + 2*batch pending columns (float64 + factor_dtype): about 180 MB
-for D = 3136 with the float32 default. Everything lives on the CPU; pass a
-CPU ``torch.Generator`` for reproducible samples.
+Precision and memory: the mean and all weights are float64. The factor L and
+the pending columns K are stored once, in ``factor_dtype`` (float32 by
+default): ``mean()`` matches eq. 11 to float64 rounding, ``covariance()``
+(computed in float64 from the stored factors) matches eq. 12 to float32
+rounding (relative ~1e-7, well below r = 1e-5 for activations of order 1),
+and the samples (float32 either way) come from that covariance. Pass
+``factor_dtype=torch.float64`` for float64 statistics throughout. L is kept
+as the row slabs L[r0:r1, :r1] of its lower triangle (9/16 of D*D for large
+D). In full mode a label that has received activations holds, in
+``factor_dtype``, up to about D + 2*batch pending columns of D values before
+its first compression, then the slabs and up to about max_pending + 2*batch
+pending columns; a label never seen holds nothing. With float32 that is at
+most about 4.3*D*D bytes: 42 MB for D = 3136 and 72 MB for D = 4096 (it was
+up to 18*D*D bytes, 177 MB at D = 3136, with float64 G and K kept beside the
+float32 copies). A compression
+needs about 2*8*D*D bytes of float64 scratch for one label at a time.
+Exact full covariance needs at least D*(D+1)/2 numbers per label once the
+label has seen more than D activations (34 MB in float32 at D = 4096), so 100
+such labels cannot fit in 2 GB with exact sampling; see
+``simulation/bench_generation.py --memory`` for measured figures. Everything
+lives on the CPU; pass a CPU ``torch.Generator`` for reproducible samples.
 """
 
 from __future__ import annotations
@@ -176,24 +189,42 @@ def _block_bounds(dim: int, max_blocks: int = 8, min_block: int = 256) -> list[i
     return [round(dim * i / p) for i in range(p + 1)]
 
 
-def _syrk_lower_(G: torch.Tensor, Kt: torch.Tensor, beta: float, bounds: list[int]) -> None:
-    """G <- beta*G + Kt^T Kt on the lower block triangle of G (row blocks ``bounds``).
+def _syrk_lower_(G: torch.Tensor, Kt: torch.Tensor, beta: float, bounds: list[int], alpha: float = 1.0) -> None:
+    """G <- beta*G + alpha * Kt^T Kt on the lower block triangle of G (row blocks ``bounds``).
 
     Only the blocks on or below the diagonal are written (about half the flops
     of a full product); blocks above the diagonal are left as they were and must
     not be read. With beta == 0, G's old contents are ignored (even NaN).
     """
     for r0, r1 in zip(bounds[:-1], bounds[1:]):
-        G[r0:r1, :r1].addmm_(Kt[:, r0:r1].T, Kt[:, :r1], beta=beta)
+        G[r0:r1, :r1].addmm_(Kt[:, r0:r1].T, Kt[:, :r1], beta=beta, alpha=alpha)
 
 
-def _trmm_lower(mean: torch.Tensor, e: torch.Tensor, L: torch.Tensor, alpha: float,
+def _trmm_lower(mean: torch.Tensor, e: torch.Tensor, slabs: list[torch.Tensor], alpha: float,
                 bounds: list[int]) -> torch.Tensor:
-    """mean + alpha * e @ L^T for lower-triangular L, skipping its zero blocks."""
-    out = torch.empty((e.shape[0], L.shape[0]), dtype=L.dtype)
-    for r0, r1 in zip(bounds[:-1], bounds[1:]):
-        torch.addmm(mean[r0:r1], e[:, :r1], L[r0:r1, :r1].T, alpha=alpha, out=out[:, r0:r1])
+    """mean + alpha * e @ L^T for lower-triangular L stored as row slabs (see :func:`_to_slabs`)."""
+    out = torch.empty((e.shape[0], bounds[-1]), dtype=slabs[0].dtype)
+    for (r0, r1), slab in zip(zip(bounds[:-1], bounds[1:]), slabs):
+        torch.addmm(mean[r0:r1], e[:, :r1], slab.T, alpha=alpha, out=out[:, r0:r1])
     return out
+
+
+def _to_slabs(L: torch.Tensor, bounds: list[int], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Lower-triangular L [D, D] as row slabs ``L[r0:r1, :r1]`` (copies in ``dtype``).
+
+    The slabs skip the zero blocks above the diagonal: with p row blocks they
+    hold (p+1)/(2p) of D*D values (9/16 for the 8 blocks of large D).
+    """
+    return [L[r0:r1, :r1].to(dtype, copy=True) for r0, r1 in zip(bounds[:-1], bounds[1:])]
+
+
+def _from_slabs(slabs: list[torch.Tensor], bounds: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """The dense lower-triangular [D, D] matrix (zeros above the diagonal blocks) of row slabs."""
+    D = bounds[-1]
+    L = torch.zeros((D, D), dtype=dtype)
+    for (r0, r1), slab in zip(zip(bounds[:-1], bounds[1:]), slabs):
+        L[r0:r1, :r1] = slab
+    return L
 
 
 def _sym_from_lower(G: torch.Tensor) -> torch.Tensor:
@@ -203,20 +234,21 @@ def _sym_from_lower(G: torch.Tensor) -> torch.Tensor:
 class _LabelState:
     """Statistics of one label. See the module docstring for the representation."""
 
-    __slots__ = ("count", "logw", "mean", "var", "G", "L", "L_full", "c", "Kt", "Kf", "sc", "j")
+    __slots__ = ("count", "logw", "mean", "var", "L", "L_full", "c", "K", "sc", "j")
 
     def __init__(self) -> None:
         self.count = 0  # activations seen
         self.logw = -math.inf  # log of the total weight S
         self.mean: torch.Tensor | None = None  # [D] float64
         self.var: torch.Tensor | None = None  # [D] float64 (diagonal mode)
-        self.G: torch.Tensor | None = None  # [D, D] Sigma at the last compression (lower triangle)
-        self.L: torch.Tensor | None = None  # [D, D] chol(G + r I), factor_dtype
+        # chol(G + r I), G = Sigma at the last compression, in factor_dtype: the
+        # row slabs L[r0:r1, :r1] of the lower triangle, or [L] (a full [D, D]
+        # factor) after the eigh fallback. G itself is not kept.
+        self.L: list[torch.Tensor] | None = None
         self.L_full = False  # L is a full (eigh fallback) rather than triangular factor
         self.c = 0.0  # weight of the compressed part
-        self.Kt: torch.Tensor | None = None  # [cap, D] pending columns, as rows (float64)
-        self.Kf: torch.Tensor | None = None  # the same in factor_dtype, for sampling
-        self.sc: torch.Tensor | None = None  # [cap] per-column scale
+        self.K: torch.Tensor | None = None  # [cap, D] pending columns, as rows (factor_dtype)
+        self.sc: torch.Tensor | None = None  # [cap] per-column scale (float64)
         self.j = 0  # number of pending columns in use
 
 
@@ -238,8 +270,9 @@ class LabelGaussians:
         before they are folded into its Cholesky factor (default ``dim // 2``).
         A performance knob; the distribution does not depend on it.
     factor_dtype:
-        Full mode only: dtype of the sampling factors (``torch.float32``, the
-        default, or ``torch.float64``); the statistics are float64 regardless.
+        Full mode only: storage dtype of the factor L and the pending columns
+        K (``torch.float32``, the default, or ``torch.float64``). The mean is
+        float64 regardless; ``covariance()`` is exact to this dtype's rounding.
 
     After updates 1..n, ``mean(y)`` and ``covariance(y, regularised=False)``
     are the weighted mean and population covariance (eqs. 11-12) of every
@@ -334,6 +367,22 @@ class LabelGaussians:
         """Full mode: columns of K not yet folded into the factor L."""
         return self._state(label).j
 
+    def memory_bytes(self) -> int:
+        """Bytes held by the statistics' tensors (all labels; allocated capacity, not just use).
+
+        Labels that have received nothing hold nothing. Full mode, per label:
+        the factor's row slabs (about 9/16 of D*D values in ``factor_dtype``
+        for large D; none before the first compression) plus the pending
+        columns' buffer (at most about max_pending + 2 * flush rows columns of
+        D values in ``factor_dtype``) plus the float64 mean.
+        """
+        total = 0
+        for st in self._states:
+            for t in (st.mean, st.var, st.K, st.sc, *(st.L or ())):
+                if t is not None:
+                    total += t.element_size() * t.nelement()
+        return total
+
     # ----------------------------------------------------------------- update
     def update(
         self, activations: torch.Tensor, labels: torch.Tensor, *, progress: int | None = None
@@ -412,6 +461,9 @@ class LabelGaussians:
                 self._append(st, delta.unsqueeze(0), math.sqrt(a * b))
             elif k > 1:
                 self._append(st, dev, math.sqrt(1.0 / k))
+            # before the first compression K may grow to D columns (K K^T
+            # then has full rank anyway); this keeps runs that never get
+            # there bit-identical to the earlier two-copy storage.
             limit = self.dim if st.L is None else self.max_pending
             if st.j > limit:
                 self._compress(st)
@@ -421,62 +473,80 @@ class LabelGaussians:
     def _append(self, st: _LabelState, rows: torch.Tensor, scale: float) -> None:
         m = rows.shape[0]
         need = st.j + m
-        mirror = self.factor_dtype != _DTYPE
         self._max_rows = max(self._max_rows, m)
-        if st.Kt is None or need > st.Kt.shape[0]:
-            old = 0 if st.Kt is None else st.Kt.shape[0]
+        if st.K is None or need > st.K.shape[0]:
+            old = 0 if st.K is None else st.K.shape[0]
             # grow geometrically, but not far past what a compression lets accumulate
             limit = self.dim if st.L is None else self.max_pending
             cap = max(need, min(max(2 * old, 64), limit + 2 * self._max_rows))
-            Kt = torch.empty((cap, self.dim), dtype=_DTYPE)
-            Kf = torch.empty((cap, self.dim), dtype=self.factor_dtype) if mirror else Kt
+            K = torch.empty((cap, self.dim), dtype=self.factor_dtype)
             sc = torch.empty(cap, dtype=_DTYPE)
             if st.j:
-                Kt[: st.j] = st.Kt[: st.j]
+                K[: st.j] = st.K[: st.j]
                 sc[: st.j] = st.sc[: st.j]
-                if mirror:
-                    Kf[: st.j] = st.Kf[: st.j]
-            st.Kt, st.Kf, st.sc = Kt, Kf, sc
-        st.Kt[st.j : need] = rows
-        if mirror:
-            st.Kf[st.j : need] = rows
+            st.K, st.sc = K, sc
+        st.K[st.j : need] = rows
         st.sc[st.j : need] = scale
         st.j = need
 
     def _pending(self, st: _LabelState) -> torch.Tensor:
         """K^T with its scales applied: [j, D] float64 (a new tensor)."""
-        return st.Kt[: st.j] * st.sc[: st.j, None]
+        return st.K[: st.j].to(_DTYPE) * st.sc[: st.j, None]
+
+    def _factor(self, st: _LabelState) -> torch.Tensor:
+        """The factor L as a dense [D, D] float64 tensor (a new tensor)."""
+        if st.L_full:
+            return st.L[0].to(_DTYPE, copy=True)
+        return _from_slabs(st.L, self._bounds, _DTYPE)
 
     def _compress(self, st: _LabelState) -> None:
-        """Fold the pending columns into G and refactor: exact, amortised."""
+        """Fold the pending columns into the factor and refactor: exact, amortised.
+
+        With G the covariance at the last compression, L L^T = G + r I, so
+        G' + r I = c L L^T + K K^T + (1 - c) r I for the new G' = c G + K K^T:
+        formed in float64 (lower block triangle), factorised, and stored again
+        in ``factor_dtype``. Neither G nor a float64 L outlives the call.
+        """
         D = self.dim
-        Ks = st.Kt[: st.j]
-        Ks.mul_(st.sc[: st.j, None])  # in place: the buffer is emptied below
-        if st.G is None:
-            st.G = torch.empty((D, D), dtype=_DTYPE)
-            beta = 0.0
+        r = self.regulariser
+        M = torch.empty((D, D), dtype=_DTYPE)
+        if st.L is None:
+            Ks = self._pending(st)
+            _syrk_lower_(M, Ks, 0.0, self._bounds)
+            M.diagonal().add_(r)
         else:
-            beta = st.c
-        G = st.G  # only its lower block triangle is maintained
-        _syrk_lower_(G, Ks, beta, self._bounds)
-        diag = G.diagonal().clone()
-        G.diagonal().add_(self.regulariser)
-        L, info = torch.linalg.cholesky_ex(G)  # LAPACK potrf: reads the lower triangle only
-        G.diagonal().copy_(diag)
+            Lf = self._factor(st)
+            if st.L_full:
+                _syrk_lower_(M, Lf.T, 0.0, self._bounds, alpha=st.c)
+            else:  # c L L^T by row blocks; L[r0:r1, m] = 0 for m >= r1
+                for r0, r1 in zip(self._bounds[:-1], self._bounds[1:]):
+                    torch.mm(Lf[r0:r1, :r1], Lf[:r1, :r1].T, out=M[r0:r1, :r1])
+                    M[r0:r1, :r1].mul_(st.c)
+            del Lf
+            Ks = self._pending(st)
+            _syrk_lower_(M, Ks, 1.0, self._bounds)
+            M.diagonal().add_((1.0 - st.c) * r)
+        del Ks
+        st.L = None  # free the old factor before the new one is allocated
+        L, info = torch.linalg.cholesky_ex(M)  # LAPACK potrf: reads the lower triangle only
         if int(info) != 0:  # numerically indefinite: exact-up-to-rounding fallback
-            evals, evecs = torch.linalg.eigh(_sym_from_lower(G))
-            L = evecs * torch.sqrt(evals.clamp_min(0.0) + self.regulariser)  # full, not triangular
+            del L
+            M.diagonal().sub_(r)
+            evals, evecs = torch.linalg.eigh(_sym_from_lower(M))
+            del M
+            st.L = [(evecs * torch.sqrt(evals.clamp_min(0.0) + r)).to(self.factor_dtype)]  # full
             st.L_full = True
         else:
+            del M
+            st.L = _to_slabs(L, self._bounds, self.factor_dtype)
             st.L_full = False
-        st.L = L.to(self.factor_dtype)
         st.c = 1.0
         st.j = 0
         # The pending buffer is empty now; after the first compression (which
         # may need up to D columns) shrink it to what max_pending needs.
         target = self.max_pending + 2 * self._max_rows
-        if st.Kt.shape[0] > 1.5 * target:
-            st.Kt = st.Kf = st.sc = None
+        if st.K.shape[0] > 1.5 * target:
+            st.K = st.sc = None
         self.num_compressions += 1
 
     # ------------------------------------------------------------- read-outs
@@ -491,8 +561,11 @@ class LabelGaussians:
         r = self.regulariser if regularised else 0.0
         if self.diagonal:
             return st.var + r
-        if st.G is not None:
-            S = _sym_from_lower(st.G).mul_(st.c)
+        if st.L is not None:  # c G = c (L L^T - r I)
+            Lf = self._factor(st)
+            S = (Lf @ Lf.T).mul_(st.c)
+            del Lf
+            S.diagonal().sub_(st.c * self.regulariser)
         else:
             S = torch.zeros((self.dim, self.dim), dtype=_DTYPE)
         if st.j:
@@ -513,7 +586,7 @@ class LabelGaussians:
         st = self._stats(label)
         parts = []
         if st.L is not None:
-            parts.append(st.L.to(_DTYPE) * math.sqrt(st.c))
+            parts.append(self._factor(st).mul_(math.sqrt(st.c)))
         if st.j:
             parts.append(self._pending(st).T)
         F = torch.cat(parts, dim=1) if parts else torch.zeros((self.dim, 0), dtype=_DTYPE)
@@ -539,14 +612,14 @@ class LabelGaussians:
         mean = st.mean.to(dt)
         if st.L is not None:  # mean + sqrt(c) L e1, computed as e1^T L^T
             if st.L_full:
-                out = torch.addmm(mean, eps[:, :D], st.L.T, alpha=math.sqrt(st.c))
+                out = torch.addmm(mean, eps[:, :D], st.L[0].T, alpha=math.sqrt(st.c))
             else:
                 out = _trmm_lower(mean, eps[:, :D], st.L, math.sqrt(st.c), self._bounds)
         else:
             out = mean.expand(n, D).clone()
         if st.j:  # K e2 with K = (Kt * sc)^T
             e2 = eps[:, d_l : d_l + st.j] * st.sc[: st.j].to(dt)
-            out.addmm_(e2, st.Kf[: st.j])
+            out.addmm_(e2, st.K[: st.j])
         iso = max(0.0, 1.0 - st.c) * self.regulariser
         if iso > 0:
             out.add_(eps[:, d_l + st.j :], alpha=math.sqrt(iso))

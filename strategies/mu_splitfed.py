@@ -56,7 +56,7 @@ def zo_server_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seeds: li
     norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
     factor = min(1.0, clip_norm / (norm + 1e-6)) if clip_norm > 0 else 1.0
     for p, g in zip(params, grads):
-        p.sub_(g, alpha=lr * factor)
+        p.sub_(g if g.device == p.device else g.to(p.device), alpha=lr * factor)
     return loss
 
 
@@ -113,7 +113,7 @@ class MUSplitFed(SyncSplitStrategy):
         self.copies = {}
 
     def _step_towards(self, model: nn.Module, states: Mapping[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        avg = average_uploads(states, self.aggregation_weight)
+        avg = {k: self.on_device(v) for k, v in average_uploads(states, self.aggregation_weight).items()}
         eta = self.cfg.server_lr
         return {k: v + eta * (avg[k] - v) if torch.is_floating_point(v) else avg[k]
                 for k, v in model.state_dict().items()}

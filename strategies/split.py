@@ -77,29 +77,31 @@ def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, 
 
 def server_step(model: nn.Module, opt: torch.optim.Optimizer, activations: torch.Tensor,
                 labels: torch.Tensor, clip_norm: float, loss_fn: LossFn | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                input_grad: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
     """One step of a server-side model on smashed data.
 
     Args:
         activations: float32 ``[B, ...]`` received from clients.
         labels: int64 ``[B]``.
         loss_fn: ``(logits, labels) -> scalar`` (default: mean cross-entropy).
+        input_grad: compute dL/d(activations); False skips that backward work
+            (the parameter gradients, and so the step, are bit-identical).
 
     Returns:
-        ``(grad, loss)``: ``grad`` = dL/d(activations), same shape; the loss
-        before the step (detached).
+        ``(grad, loss)``: ``grad`` = dL/d(activations), same shape (None with
+        ``input_grad=False``); the loss before the step (detached).
 
     Raises:
         DivergedError: the loss is not finite.
     """
-    x = activations.detach().requires_grad_(True)
+    x = activations.detach().requires_grad_(input_grad)
     logits = model(x)
     loss = (loss_fn or nn.functional.cross_entropy)(logits, labels)
     SFLStrategy.check_loss(loss.detach(), "server step")
     opt.zero_grad(set_to_none=True)
     loss.backward()
     clip_and_step(model, opt, clip_norm)
-    return x.grad.detach(), loss.detach()
+    return (x.grad.detach() if input_grad else None), loss.detach()
 
 
 class SplitMixin(SFLStrategy):
@@ -118,6 +120,8 @@ class SplitMixin(SFLStrategy):
         """Build the global model and split it (the parts share parameters)."""
         super().initialize()
         self.model = self.task.build_model()
+        if self.device.type != "cpu":
+            self.model.to(self.device)
         self.client_model, self.server_model = split_model(self.model, self.cut)
         #: ZO clients: pid -> (h⁺, h⁻) of its latest forward, until :meth:`feedback` uses them
         self.zo_pairs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -241,17 +245,15 @@ class SplitMixin(SFLStrategy):
         metered = upload or nxt != P.NEXT_WEIGHTS
         return Request(P.TRAIN_BACKWARD, content, flops, bits, tag=tag, metered=metered)
 
-    @staticmethod
-    def activations_of(content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(activations [B, ...] float32, labels [B] int64)`` of a forward reply."""
-        return (P.record_tensor(content.array_records[P.ACTIVATIONS], "x"),
-                P.record_tensor(content.array_records[P.LABELS], "y"))
+    def activations_of(self, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(activations [B, ...] float32, labels [B] int64)`` of a forward reply, on :attr:`device`."""
+        return (self.on_device(P.record_tensor(content.array_records[P.ACTIVATIONS], "x")),
+                self.on_device(P.record_tensor(content.array_records[P.LABELS], "y")))
 
-    @staticmethod
-    def perturbed_of(content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(h⁺ [P, B, ...], h⁻ [P, B, ...])`` of a ``train.zo_forward`` reply."""
+    def perturbed_of(self, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(h⁺ [P, B, ...], h⁻ [P, B, ...])`` of a ``train.zo_forward`` reply, on :attr:`device`."""
         record = P.record_state(content.array_records[P.PERTURBED])
-        return record["plus"], record["minus"]
+        return self.on_device(record["plus"]), self.on_device(record["minus"])
 
     def feedback(self, model: nn.Module, labels: torch.Tensor, grad: torch.Tensor, pid: int,
                  loss_fn: LossFn | None = None) -> torch.Tensor | ZOFeedback:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
+from fl_app.errors import ConfigError
 from tests.conftest import TINY, cli_args, make_cfg, read_metrics
 
 # =============================================================================
@@ -131,3 +133,87 @@ def test_ray_matches_inprocess(tmp_path, strategy):
         assert [r[col] for r in rows_ray] == [r[col] for r in rows_local], col
     assert float(rows_local[1]["test_loss"]) != float(rows_local[0]["test_loss"])  # training happened
     assert s_ray["final_accuracy"] == s_local["final_accuracy"]
+    # where the clients ran: one local Ray node, every client, every message logged, at most one per actor at once
+    placement = json.loads((tmp_path / "ray" / "placement.json").read_text())
+    assert s_ray["ray"]["nodes"] == 1 and s_ray["ray"]["cpus"] == 2
+    assert placement["nodes"][0]["messages"] == placement["messages"] >= s_ray["exchanges"]
+    assert sorted(placement["clients"]) == ["0", "1", "2"]
+    assert 1 <= placement["max_parallel"] <= 2
+    if strategy == "gas":
+        # 3 clients in flight on 2 actors: two clients' messages ran at the same time
+        assert placement["max_parallel"] == 2 and len(placement["nodes"][0]["processes"]) == 2
+
+
+# =============================================================================
+# 13. The Ray engine's options and its hand-over of the task
+# =============================================================================
+
+
+def test_ray_actors_get_the_drivers_task(tmp_path):
+    """The task the driver preloads is what a client's handshake record looks up (no reload in the actor)."""
+    import dataclasses
+
+    from flwr.app import ConfigRecord
+
+    from fl_app.config import RunConfig
+    from fl_app.server_app import plan_run
+    from fl_app.task import load_task, preload_task
+
+    plan = plan_run(make_cfg(strategy="gas", num_clients=3, seed=5, output_dir=str(tmp_path / "p")))
+    record = ConfigRecord(dict(plan.cfg.as_dict()))  # what the handshake carries (strategies.base.connect)
+    client_cfg = RunConfig.from_mapping(dict(record.items()))
+    shipped = dataclasses.replace(plan.task)
+    assert load_task(client_cfg) is not shipped
+    preload_task(plan.cfg, shipped)
+    assert load_task(client_cfg) is shipped
+    other = plan_run(make_cfg(strategy="gas", num_clients=3, seed=6, output_dir=str(tmp_path / "q")))
+    assert load_task(other.cfg) is not shipped  # another seed, another task
+
+
+@pytest.mark.parametrize("pairs, message", [
+    ({"engine": "inprocess", "ray-address": "auto"}, "ray-address needs engine=ray"),
+    ({"ray-cpus": "2"}, "ray-cpus needs engine=ray"),
+    ({"engine": "ray", "ray-address": "not an address"}, "expected auto or HOST:PORT"),
+    ({"engine": "ray", "ray-address": "head:99999"}, "expected auto or HOST:PORT"),
+    ({"engine": "ray", "ray-cpus": "0"}, "positive integer"),
+    ({"engine": "ray", "ray-cpus": "2", "ray-address": "auto"}, "not both"),
+    # a port where no Ray head listens: refused at once (ray.init itself would retry for minutes)
+    ({"engine": "ray", "ray-address": "127.0.0.1:1"}, "nothing answers at 127.0.0.1:1"),
+    ({"ray-gpus": "0.5"}, "ray-gpus needs engine=ray"),
+    ({"engine": "ray", "ray-gpus": "2"}, "GPU fraction per client in [0, 1]"),
+    ({"engine": "ray", "ray-gpus": "half"}, "GPU fraction per client in [0, 1]"),
+])
+def test_ray_engine_options_refused(pairs, message, capsys, tmp_path):
+    from simulation.cli import main
+
+    rc = main(cli_args({**TINY, "output-dir": tmp_path, **pairs}, "-q"))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and message in err and "\n" not in err, err
+
+
+def test_engine_options_parsed():
+    from simulation.engine import pop_engine_options
+
+    pairs = {"ray-address": " 10.0.0.5:6379 ", "seed": "1"}
+    assert pop_engine_options("ray", pairs) == {"address": "10.0.0.5:6379"}
+    assert pairs == {"seed": "1"}  # the run config keeps only its own keys
+    assert pop_engine_options("ray", {"ray-cpus": "3"}) == {"num_cpus": 3}
+    assert pop_engine_options("ray", {"ray-address": "auto"}) == {"address": "auto"}
+    assert pop_engine_options("inprocess", {}) == {}
+    assert pop_engine_options("ray", {"ray-gpus": "0"}) == {"num_gpus": 0.0}
+    if not torch.cuda.is_available():  # Ray would wait forever for a GPU that is not there
+        with pytest.raises(ConfigError, match="ray-gpus=0.25 but this machine has no GPU"):
+            pop_engine_options("ray", {"ray-gpus": "0.25"})
+
+
+def test_placement_table_parallelism():
+    from simulation.engine import placement_table
+
+    nodes = [{"node_id": "a", "cpus": 1.0}, {"node_id": "b", "cpus": 1.0}]
+    rows = [(0, "train.forward", "a", 11, 0.0, 2.0), (1, "train.forward", "b", 22, 1.0, 3.0),
+            (0, "train.backward", "b", 22, 5.0, 6.0)]
+    t = placement_table(rows, nodes)
+    assert [(n["name"], n["messages"], n["processes"]) for n in t["nodes"]] == [("node-0", 1, [11]), ("node-1", 2, [22])]
+    assert t["clients"] == {"0": {"node-0": 1, "node-1": 1}, "1": {"node-1": 1}}
+    assert t["max_parallel"] == 2 and t["busy_s"] == 4.0 and t["handler_s"] == 5.0
+    assert t["mean_parallel"] == 5.0 / 4.0

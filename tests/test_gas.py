@@ -451,3 +451,22 @@ def test_gas_virtual_time_is_ordered(two_runs):
     assert times == sorted(times)
     updates = [int(r["server_updates"]) for r in rows]
     assert updates == sorted(updates)
+
+
+def test_server_step_without_input_grad_is_bit_identical():
+    """GAS steps with input_grad=False: same parameters, bit for bit, as the full step."""
+    from strategies.split import server_step
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                          nn.Linear(8 * 3 * 3, 5))
+    twin = copy.deepcopy(model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4) for m in (model, twin)]
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x, y = torch.randn(16, 4, 6, 6, generator=g), torch.randint(0, 5, (16,), generator=g)
+        grad, loss = server_step(model, opts[0], x, y, 10.0)
+        none, loss2 = server_step(twin, opts[1], x, y, 10.0, input_grad=False)
+        assert grad.shape == x.shape and none is None and torch.equal(loss, loss2)
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)

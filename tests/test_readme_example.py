@@ -28,3 +28,14 @@ def test_readme_example_strategy_learns(tmp_path):
     assert summary["strategy"] == "psl"
     assert summary["server_updates"] == 3 * 10  # one server step per local iteration
     assert summary["final_accuracy"] >= 0.5, summary["final_accuracy"]
+
+
+def test_readme_gives_the_two_commands_and_ci_runs_its_test_command():
+    """The README's two commands (main job, tests) exist, and .ci/run calls the README's test command."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## The two commands", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"^pip install torch==2\.13\.0 && pip install -e \"\.\[dev\]\" && (.+)$", section, re.M)
+    assert commands[0] == "sflower run", commands
+    test_command = commands[1]
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert test_command in ci, (test_command, ci)

@@ -14,6 +14,7 @@ from torch import nn
 
 from fl_app.errors import ConfigError
 from tests.conftest import cli_args, make_cfg, read_metrics
+from tests.fault_apps import failing_client_app
 
 # =============================================================================
 # Lengths, paths, overlaps by hand
@@ -227,41 +228,6 @@ def test_drop_per_round_run_finishes(tmp_path):
     assert float(rows[-1]["test_loss"]) < float(rows[0]["test_loss"])
 
 
-def _failing_app(fail_pid: int, fail_on_backward: int):
-    """The real ClientApp, except that ``fail_pid``'s ``fail_on_backward``-th backward raises."""
-    from flwr.clientapp import ClientApp
-
-    import fl_app.client_app as real
-
-    wrapper, counts = ClientApp(), {}
-
-    @wrapper.query("info")
-    def _info(msg, ctx):
-        return real.query_info(msg, ctx)
-
-    @wrapper.train("forward")
-    def _forward(msg, ctx):
-        return real.train_forward(msg, ctx)
-
-    @wrapper.train("backward")
-    def _backward(msg, ctx):
-        pid = int(ctx.node_config["partition-id"])
-        counts[pid] = counts.get(pid, 0) + 1
-        if pid == fail_pid and counts[pid] == fail_on_backward:
-            raise RuntimeError("injected failure")
-        return real.train_backward(msg, ctx)
-
-    @wrapper.train("step")
-    def _step(msg, ctx):
-        return real.train_step(msg, ctx)
-
-    @wrapper.evaluate()
-    def _evaluate(msg, ctx):
-        return real.evaluate(msg, ctx)
-
-    return wrapper
-
-
 def test_node_failure_mid_round_loses_the_round_not_the_run(mlp6, tmp_path, one_torch_thread):
     """Client 1 fails on its 3rd backward (in the 2nd step of round 1): nothing of the
     round is aggregated, the ring is rebuilt from clients 0 and 2 with new lengths, the
@@ -272,7 +238,7 @@ def test_node_failure_mid_round_loses_the_round_not_the_run(mlp6, tmp_path, one_
     base = dict(strategy="ringsfl", model=mlp6, num_clients=3, concurrency=3, partition="iid", batch_size=8,
                 global_iterations=2, local_iterations=2, ring_lengths="2:1:3", seed=3, **RING_OPT)
     plan = plan_run(make_cfg(**base, output_dir=str(tmp_path / "fail")))
-    summary = run_inprocess(plan, progress=False, client_app=_failing_app(fail_pid=1, fail_on_backward=3))
+    summary = run_inprocess(plan, progress=False, client_app=failing_client_app(fail_pid=1, fail_on_backward=3)[0])
     assert summary["status"] == "completed" and summary["failed_clients"] == [1]
     assert summary["ring"] == [0, 2] and summary["ring_lengths"] == "2:4"  # 2:3 rescaled to 6 blocks
     rows = read_metrics(tmp_path / "fail" / "metrics.csv")

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
 from torch import nn
 
 from fl_app import protocol as P
@@ -26,6 +25,7 @@ from fl_app.config import DEFAULTS, RunConfig, parse_key_values
 from fl_app.errors import ConfigError
 from strategies.dispatcher import Request
 from tests.conftest import TINY, cli_args, make_cfg, read_metrics
+from tests.fault_apps import failing_client_app
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -739,36 +739,6 @@ def test_outputs_written(small_run):
 # =============================================================================
 # 6. A failing client is excluded; the run completes
 # =============================================================================
-
-
-def failing_client_app(fail_pid: int, fail_on_backward: int) -> tuple[ClientApp, dict]:
-    """The real handlers, except that ``fail_pid`` raises on its n-th train.backward."""
-    from fl_app import client_app as real
-
-    wrapper = ClientApp()
-    counts: dict[int, int] = {}
-
-    @wrapper.query("info")
-    def _info(msg, ctx):
-        return real.query_info(msg, ctx)
-
-    @wrapper.train("forward")
-    def _forward(msg, ctx):
-        return real.train_forward(msg, ctx)
-
-    @wrapper.train("backward")
-    def _backward(msg, ctx):
-        pid = int(ctx.node_config["partition-id"])
-        counts[pid] = counts.get(pid, 0) + 1
-        if pid == fail_pid and counts[pid] == fail_on_backward:
-            raise RuntimeError("injected failure")
-        return real.train_backward(msg, ctx)
-
-    @wrapper.evaluate()
-    def _evaluate(msg, ctx):
-        return real.evaluate(msg, ctx)
-
-    return wrapper, counts
 
 
 def test_failing_client_is_excluded(tmp_path, caplog):

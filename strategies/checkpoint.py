@@ -1,0 +1,163 @@
+"""Checkpoint files of a run's server state (``checkpoint-every=N``, ``sflower run resume=RUN_DIR``).
+
+A checkpoint is one file, ``RUN_DIR/checkpoint.pt``, written atomically (a
+temporary file in the same directory, then :func:`os.replace`), so a run
+killed while writing one keeps the previous one. It holds
+
+* ``meta``: plain Python values (format version, strategy, the whole run
+  configuration, the global iteration, the number of metric rows written):
+  readable without the task, by :func:`read_meta`;
+* ``state``: the server state as bytes of :func:`torch.save` (tensors keep
+  their shared storages, optimizers keep their parameters): the strategy's
+  attributes, the dispatcher's pending work, the clock, the RNG states and
+  the engine's client state (see :meth:`strategies.base.SFLStrategy.write_checkpoint`).
+
+Objects of the run's environment (the task and its data, the
+configuration, clock, timing, recorder and grid) are not written: they are
+written as references by name (see :func:`dumps`) and replaced by the
+resumed run's own objects when loading (:func:`loads`). The file is a
+pickle: resume only run directories you trust, as with
+``torch.load(weights_only=False)``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import random
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fl_app.errors import ConfigError
+
+#: The checkpoint's file name inside the run directory.
+CHECKPOINT_FILE = "checkpoint.pt"
+#: Version of the file layout; a file of another version is refused.
+FORMAT = 1
+
+__all__ = ["CHECKPOINT_FILE", "FORMAT", "CheckpointError", "dumps", "loads", "write", "read", "read_meta",
+           "rng_state", "set_rng_state"]
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint cannot be used: missing, unreadable, of another format, or of another run (one line)."""
+
+
+_ENV = threading.local()
+
+
+def _environment(name: str) -> Any:
+    """Unpickling: the resumed run's object registered under ``name`` (see :func:`loads`)."""
+    env = getattr(_ENV, "objects", None)
+    if env is None or name not in env:
+        raise CheckpointError(f"checkpoint refers to '{name}', which the resumed run does not provide")
+    return env[name]
+
+
+def _pickle_module(env: Mapping[str, Any]) -> Any:
+    """A ``pickle_module`` for :func:`torch.save` whose Pickler writes ``env``'s objects as references."""
+    by_id = {id(obj): name for name, obj in env.items()}
+
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, obj: Any) -> Any:  # exact dicts, lists, str, numbers never come here
+            name = by_id.get(id(obj))
+            if name is not None:
+                return _environment, (name,)
+            return NotImplemented
+
+    class Module:
+        pass
+
+    module = Module()
+    module.__name__ = "pickle"  # torch.save checks the name (dill)
+    module.Pickler = Pickler
+    module.Unpickler = pickle.Unpickler
+    module.dump = pickle.dump
+    module.load = pickle.load
+    return module
+
+
+def dumps(obj: Any, env: Mapping[str, Any]) -> bytes:
+    """``obj`` as :func:`torch.save` bytes, with the objects of ``env`` (name -> object) as references.
+
+    Raises:
+        pickle.PicklingError, TypeError, AttributeError: something in ``obj`` cannot be pickled.
+    """
+    buf = io.BytesIO()
+    torch.save(obj, buf, pickle_module=_pickle_module(env))
+    return buf.getvalue()
+
+
+def loads(data: bytes, env: Mapping[str, Any]) -> Any:
+    """Inverse of :func:`dumps`: references to ``env`` names become the objects ``env`` gives now.
+
+    Raises:
+        CheckpointError: a referenced name is not in ``env``.
+    """
+    old = getattr(_ENV, "objects", None)
+    _ENV.objects = dict(env)
+    try:
+        return torch.load(io.BytesIO(data), weights_only=False)
+    finally:
+        _ENV.objects = old
+
+
+def write(path: str | Path, meta: Mapping[str, Any], state: bytes) -> None:
+    """Write a checkpoint atomically: ``path.tmp`` (flushed, fsynced), then :func:`os.replace`."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        pickle.dump({"format": FORMAT, "meta": dict(meta), "state": state}, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read(path: str | Path) -> tuple[dict[str, Any], bytes]:
+    """``(meta, state bytes)`` of a checkpoint file.
+
+    Raises:
+        CheckpointError: no such file, not a checkpoint, or another format version.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path} (was the run started with checkpoint-every=N?)")
+    try:
+        with open(path, "rb") as fh:
+            payload = pickle.load(fh)
+    except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one-line error
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(err).__name__})") from None
+    if not isinstance(payload, dict) or "meta" not in payload or "state" not in payload:
+        raise CheckpointError(f"{path} is not an sflower checkpoint")
+    if payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} has checkpoint format {payload.get('format')!r}; this sflower reads {FORMAT}")
+    return payload["meta"], payload["state"]
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """The ``meta`` part of a checkpoint (see :func:`read`)."""
+    return read(path)[0]
+
+
+def rng_state() -> dict[str, Any]:
+    """The process-wide RNG states: torch's default generator (and CUDA's, once initialised), NumPy's legacy
+    global one, Python's ``random``."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])

@@ -1,0 +1,174 @@
+"""Checkpoint and resume (``checkpoint-every=N``, ``sflower run resume=RUN_DIR``; issue 12 item 6).
+
+A run killed after a checkpoint and resumed must write the same metrics.csv
+as an uninterrupted run, on the virtual clock: every column but
+``wall_time_s``, byte for byte. The GAS test really SIGKILLs a
+``python -m simulation.cli run`` subprocess once checkpoint 3 of 6 is on
+disk; the others stop an in-process run with an exception right after a
+later metric row (so resume must also drop the rows written after the
+checkpoint).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fl_app.config import RunConfig
+from fl_app.errors import ConfigError
+from fl_app.outputs import RunRecorder
+from fl_app.server_app import plan_run
+from simulation import cli
+from simulation.engine import run_inprocess
+from strategies import checkpoint as ckpt
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: A small budget: mnist-5k, LeNet-5, 3 clients, 2 local iterations of 8 images, 6 global iterations.
+BASE = {
+    "dataset": "mnist-5k", "model": "lenet5", "cut-layer": 2, "num-clients": 3, "concurrency": 2,
+    "partition": "iid", "local-iterations": 2, "batch-size": 8, "global-iterations": 6, "eval-samples": 200,
+    "covariance": "diagonal", "seed": 1,
+}
+
+
+def _args(cfg: dict) -> list[str]:
+    return [f"{k}={v}" for k, v in cfg.items()]
+
+
+def _columns(path: Path) -> dict[str, list[str]]:
+    """metrics.csv as column name -> raw cell strings (the bytes written)."""
+    with path.open(newline="") as fh:
+        rows = list(csv.reader(fh))
+    return {name: [r[i] for r in rows[1:]] for i, name in enumerate(rows[0])}
+
+
+def _same_metrics(resumed: Path, reference: Path) -> None:
+    """Every column but ``wall_time_s`` equal, cell by cell; ``test_accuracy`` byte-identical."""
+    a, b = _columns(resumed), _columns(reference)
+    assert list(a) == list(b)
+    assert a["test_accuracy"] == b["test_accuracy"]
+    for name in a:
+        if name != "wall_time_s":
+            assert a[name] == b[name], name
+
+
+def _reference(tmp_path: Path, cfg: dict) -> Path:
+    """An uninterrupted run without checkpoints; returns its metrics.csv."""
+    out = tmp_path / "reference"
+    run_inprocess(plan_run(RunConfig.from_mapping({**cfg, "output-dir": str(out)})), progress=False)
+    return out / "metrics.csv"
+
+
+def test_gas_sigkill_after_iteration_3_resumes_identically(tmp_path, capsys):
+    """SIGKILL a GAS run (a real subprocess) after checkpoint 3 of 6; the resumed metrics equal an uninterrupted run's."""
+    cfg = {**BASE, "strategy": "gas", "checkpoint-every": 3}
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "simulation.cli", "run", "-q", *_args(cfg),
+                             f"output-dir={run_dir}"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    path = run_dir / ckpt.CHECKPOINT_FILE
+    deadline = time.monotonic() + 240
+    try:
+        while not path.exists():  # written atomically: once it exists it is whole
+            assert proc.poll() is None, f"the run ended before its checkpoint: {proc.stderr.read().decode()}"
+            assert time.monotonic() < deadline, "no checkpoint within 240 s"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (run_dir / "summary.json").exists()  # killed, not finished
+    meta = ckpt.read_meta(path)
+    assert meta["global_iteration"] == 3 and meta["rows"] == 4
+    assert cli.main(["run", "-q", f"resume={run_dir}"]) == 0  # what `sflower run resume=DIR` calls
+    assert "after 6 global iterations" in capsys.readouterr().out
+    _same_metrics(run_dir / "metrics.csv", _reference(tmp_path, cfg))
+    assert len(_columns(run_dir / "metrics.csv")["global_iteration"]) == 7
+
+
+class _Killed(BaseException):
+    """Stands for a kill: not an Exception, so nothing in the run handles it."""
+
+
+def _kill_after_row(monkeypatch, iteration: int) -> None:
+    """Make the run stop right after the metric row of ``iteration`` is on disk."""
+    append = RunRecorder.append
+
+    def append_then_stop(self, row):
+        append(self, row)
+        if row["global_iteration"] == iteration:
+            raise _Killed
+
+    monkeypatch.setattr(RunRecorder, "append", append_then_stop)
+
+
+@pytest.mark.parametrize("strategy", ["splitfed-v1", "fedbuff"])
+def test_resume_after_later_rows_identical(tmp_path, monkeypatch, strategy):
+    """Checkpoints at 2 and 4 of 6, stopped after row 5: resume drops row 5, redoes it and matches."""
+    cfg = {**BASE, "strategy": strategy, "checkpoint-every": 2}
+    run_dir = tmp_path / "killed"
+    with monkeypatch.context() as m:
+        _kill_after_row(m, 5)
+        with pytest.raises(_Killed):
+            run_inprocess(plan_run(RunConfig.from_mapping({**cfg, "output-dir": str(run_dir)})), progress=False)
+    assert ckpt.read_meta(run_dir / ckpt.CHECKPOINT_FILE)["global_iteration"] == 4
+    assert len(_columns(run_dir / "metrics.csv")["global_iteration"]) == 6  # rows 0..5, row 5 after the checkpoint
+    assert cli.main(["run", "-q", f"resume={run_dir}"]) == 0
+    _same_metrics(run_dir / "metrics.csv", _reference(tmp_path, cfg))
+
+
+def test_checkpointing_changes_no_number(tmp_path):
+    """A run that writes checkpoints gives the metrics of one that does not."""
+    cfg = {**BASE, "strategy": "fedbuff", "global-iterations": 3}
+    out = tmp_path / "with"
+    run_inprocess(plan_run(RunConfig.from_mapping({**cfg, "checkpoint-every": 1, "output-dir": str(out)})),
+                  progress=False)
+    assert ckpt.read_meta(out / ckpt.CHECKPOINT_FILE)["global_iteration"] == 2  # none after the last iteration
+    _same_metrics(out / "metrics.csv", _reference(tmp_path, cfg))
+
+
+def test_bad_resume_input_is_one_line_error(tmp_path, capsys):
+    """No checkpoint, a corrupt one, another configuration, the Ray engine: exit 2, one line."""
+    assert cli.main(["run", f"resume={tmp_path / 'nowhere'}"]) == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main(["run", f"resume={empty}"]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+    (empty / ckpt.CHECKPOINT_FILE).write_bytes(b"not a pickle")
+    assert cli.main(["run", f"resume={empty}"]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable checkpoint" in err and err.count("\n") == 1
+    ckpt.write(empty / ckpt.CHECKPOINT_FILE, {"strategy": "gas", "config": RunConfig.from_mapping(BASE).as_dict(),
+                                             "global_iteration": 1, "rows": 2}, b"")
+    assert cli.main(["run", f"resume={empty}", "lr=0.5"]) == 2
+    assert "differs from the checkpoint's" in capsys.readouterr().err
+    assert cli.main(["run", f"resume={empty}", "engine=ray"]) == 2
+    assert "in-process engine" in capsys.readouterr().err
+    assert cli.main(["run", "engine=ray", "checkpoint-every=2"]) == 2
+    with pytest.raises(ConfigError):
+        RunConfig.from_mapping({"checkpoint-every": -1})
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    """A write that fails half-way leaves the previous checkpoint readable."""
+    path = tmp_path / ckpt.CHECKPOINT_FILE
+    ckpt.write(path, {"global_iteration": 3}, b"state-3")
+
+    def broken_dump(obj, fh, protocol=None):
+        fh.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt.pickle, "dump", broken_dump)
+    with pytest.raises(OSError):
+        ckpt.write(path, {"global_iteration": 6}, b"state-6")
+    monkeypatch.undo()
+    assert ckpt.read(path) == ({"global_iteration": 3}, b"state-3")

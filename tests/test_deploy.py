@@ -1,0 +1,155 @@
+"""End-to-end loopback deployment (issue 12): a SuperLink and 3 SuperNodes with their own data
+directories, TLS and SuperNode authentication on, GAS and splitfed-v1 with a tiny budget, and a
+SuperNode whose key is not registered (refused; the run goes on with the others).
+
+Each test starts real Flower processes (``sflower deploy``, :mod:`simulation.deploy`) and takes
+about a minute on two cores; they are skipped only when Flower's binaries (or openssl/ssh-keygen,
+needed for the certificates and keys) are missing.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fl_app.config import RunConfig
+from fl_app.errors import ConfigError
+from simulation.deploy import flower_binaries_missing, parse_deploy_args
+
+MISSING = flower_binaries_missing() + [t for t in ("openssl", "ssh-keygen") if shutil.which(t) is None]
+needs_flower = pytest.mark.skipif(bool(MISSING), reason=f"deployment needs {', '.join(MISSING)} (not installed)")
+
+TINY = {"global-iterations": "1", "local-iterations": "1", "concurrency": "3", "timeout": "400",
+        "node-timeout": "300"}
+
+
+def _deploy(tmp_path: Path, **pairs: str) -> tuple[dict, Path]:
+    from simulation.deploy import deploy
+
+    options = parse_deploy_args({**TINY, **pairs, "run-dir": str(tmp_path / "run")})
+    summary = deploy(options, quiet=True)
+    return summary, Path(summary["deploy"]["run_dir"])
+
+
+def _no_process_left(run_dir: Path) -> list[str]:
+    """Command lines of live processes that mention the run directory (none may survive)."""
+    left = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(run_dir) in cmd:
+                left.append(cmd)
+    return left
+
+
+def _check_outputs(summary: dict, run_dir: Path, clients: int) -> list[dict]:
+    out = run_dir / "out"
+    assert summary["status"] == "completed"
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    assert [int(r["global_iteration"]) for r in rows] == [0, 1]
+    assert int(rows[-1]["exchanges"]) > 0 and int(rows[-1]["bytes_up"]) > 0
+    assert 0.0 <= float(rows[-1]["test_accuracy"]) <= 1.0
+    # each node trained on its own directory: the handshake sizes are those of the files written for it
+    for k in range(clients):
+        meta = json.loads((run_dir / "data" / f"partition-{k}" / "partition.json").read_text())
+        assert summary["client_examples"][str(k)] == meta["num-examples"]
+    # nothing private in config.json: no key, no certificate, no node's data path
+    text = (out / "config.json").read_text()
+    for secret in (str(run_dir / "data"), str(run_dir / "keys"), str(run_dir / "certs"), "/partition-",
+                   "PRIVATE KEY", "BEGIN"):
+        assert secret not in text
+    assert (run_dir / "logs" / "superlink.log").stat().st_size > 0
+    assert not _no_process_left(run_dir)
+    return rows
+
+
+@needs_flower
+def test_splitfed_v1_three_supernodes_tls_auth(tmp_path: Path) -> None:
+    summary, run_dir = _deploy(tmp_path, nodes="3", strategy="splitfed-v1", tls="true", auth="true")
+    _check_outputs(summary, run_dir, 3)
+    assert summary["failure_reasons"] == {}
+    assert sorted(summary["client_examples"]) == ["0", "1", "2"]
+    assert "--enable-supernode-auth" in (run_dir / "logs" / "superlink.log").read_text()
+
+
+@needs_flower
+def test_gas_with_an_unauthorised_supernode(tmp_path: Path) -> None:
+    summary, run_dir = _deploy(tmp_path, nodes="3", intruders="1", strategy="gas", **{"join-timeout": "10"})
+    _check_outputs(summary, run_dir, 3)
+    # node 3's key was never registered: Flower refused it, and the run went on with nodes 0-2
+    assert summary["deploy"]["refused_nodes"].get("3", 0) != 0
+    assert "Failed to activate SuperNode" in (run_dir / "logs" / "node-3-unauthorised.log").read_text()
+    assert sorted(summary["client_examples"]) == ["0", "1", "2"]
+    assert summary["failure_reasons"] == {"3": "query.info: no node joined"}
+
+
+def test_deploy_arguments() -> None:
+    opts = parse_deploy_args({"nodes": "2", "strategy": "gas"})
+    assert opts.cfg.num_clients == 2 and opts.cfg.clock == "wall" and opts.opts["tls"] and opts.opts["auth"]
+    opts = parse_deploy_args({"nodes": "3", "intruders": "1"})
+    assert (opts.cfg.num_clients, opts.cfg.min_clients) == (4, 3)
+    for bad in ({"nodes": "0"}, {"auth": "true", "tls": "false"}, {"intruders": "1", "auth": "false", "tls": "false"},
+                {"bogus": "1"}, {"output-dir": "x"}, {"nodes": "3", "num-clients": "2"}, {"kill-node": "5"}):
+        with pytest.raises(ConfigError):
+            parse_deploy_args(bad)
+
+
+def test_min_clients_checks() -> None:
+    with pytest.raises(ConfigError):
+        RunConfig.from_mapping({"num-clients": 3, "min-clients": 4})
+    with pytest.raises(ConfigError):
+        RunConfig.from_mapping({"join-timeout": -1})
+
+
+def _run_with_dead_node(clock: str, monkeypatch: pytest.MonkeyPatch):
+    """GAS on an in-process grid where client 1's first train.forward gets the SuperLink's
+    "Node Unavailable" error reply (its SuperNode died); the node itself stays connected, as a
+    SuperNode restarted with the same key does."""
+    from flwr.app import Error, Message
+
+    from fl_app.client_app import app
+    from fl_app.server_app import plan_run, run_server
+    from simulation.engine import InProcessGrid, _task_identity
+    from strategies.base import SFLStrategy
+
+    monkeypatch.setattr(SFLStrategy, "readmit_every_s", 0.0)
+    reason = "Error: Node Unavailable — The destination node failed to report a heartbeat within 2 × its interval."
+
+    class DeadOnce(InProcessGrid):
+        hit = False
+
+        def push_messages(self, messages):
+            messages = list(messages)
+            ids = list(super().push_messages(messages))
+            for msg, mid in zip(messages, ids):
+                pid = int(self.contexts[msg.metadata.dst_node_id].node_config["partition-id"])
+                if pid == 1 and msg.metadata.message_type == "train.forward" and not DeadOnce.hit:
+                    DeadOnce.hit = True
+                    self._replies[mid] = Message(Error(code=5, reason=reason), reply_to=msg)
+            return ids
+
+    cfg = RunConfig.from_mapping({"strategy": "gas", "num-clients": 3, "concurrency": 3, "global-iterations": 3,
+                                  "local-iterations": 1, "clock": clock, "eval-every": 3})
+    grid = DeadOnce(app, 3, cfg.seed)
+    with _task_identity(grid.run.run_id):
+        return run_server(grid, plan_run(cfg), progress=False)
+
+
+def test_dead_supernode_is_readmitted_after_a_fresh_handshake(monkeypatch: pytest.MonkeyPatch) -> None:
+    summary = _run_with_dead_node("wall", monkeypatch)
+    assert summary["status"] == "completed" and summary["failed_clients"] == []
+    assert summary["failure_reasons"]["1"].startswith("train.forward: Error: Node Unavailable")
+    assert summary["failure_reasons"]["1"].endswith("re-admitted after a fresh handshake")
+
+
+def test_no_readmission_on_the_virtual_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    summary = _run_with_dead_node("virtual", monkeypatch)
+    assert summary["status"] == "completed" and summary["failed_clients"] == [1]
+    assert "re-admitted" not in summary["failure_reasons"]["1"]
