@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -536,6 +537,14 @@ def placement_table(rows: Sequence[Sequence[Any]], nodes: Sequence[Mapping[str, 
             "max_parallel": peak}
 
 
+class _QuietDeprecation(logging.Filter):
+    """Drops Flower's notice that ``run_simulation`` is deprecated (it is the engine's documented entry point
+    in 1.41, DESIGN.md §4; the notice is printed twice per run and says nothing a user can act on)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`run_simulation` function is deprecated" not in record.getMessage()
+
+
 def run_ray(plan: RunPlan, *, progress: bool = True, num_cpus: int | None = None,
             address: str | None = None, num_gpus: float = 0.0) -> dict[str, Any]:
     """Run a planned job on Flower's Ray simulation engine; returns the summary.
@@ -580,7 +589,10 @@ def run_ray(plan: RunPlan, *, progress: bool = True, num_cpus: int | None = None
     summary_path = plan.out_dir / "summary.json"
     if summary_path.exists():
         summary_path.unlink()
-    logging.getLogger("flwr").setLevel(logging.WARNING)
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.setLevel(logging.WARNING)
+    if not any(isinstance(f, _QuietDeprecation) for f in flwr_log.filters):
+        flwr_log.addFilter(_QuietDeprecation())
     start_s = _init_ray(address, cpus) if not ray.is_initialized() else 0.0
     # Flower shuts Ray down when the simulation ends: what we need from Ray is read before that.
     nodes = _ray_nodes()
