@@ -16,6 +16,7 @@ numbers as before the key existed.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -57,7 +58,25 @@ def resolve_device(name: str) -> torch.device:
         index = int(name.partition(":")[2] or 0)
         if index >= torch.cuda.device_count():
             raise ConfigError(f"device={name} but torch sees {torch.cuda.device_count()} GPU(s)")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda":
+        deterministic_gpu()
+    return device
+
+
+def deterministic_gpu() -> None:
+    """Ask PyTorch for reproducible GPU arithmetic where it offers it.
+
+    cuDNN picks deterministic convolution algorithms and stops benchmarking
+    (which may pick different ones per run), and cuBLAS gets the fixed
+    workspace its deterministic mode needs (``CUBLAS_WORKSPACE_CONFIG``, set
+    only when absent, before the first cuBLAS call). Operations without a
+    deterministic GPU kernel (e.g. some scatter/index backward passes) stay
+    as they are: runs then repeat only up to float rounding (README "GPUs").
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -87,3 +87,19 @@ def test_gpu_runs_repeat_from_their_seed_and_learn_like_the_cpu(tmp_path, strate
     cpu = _run(tmp_path, "cpu", strategy=strategy, device="cpu")
     assert a["final_accuracy"] == b["final_accuracy"]
     assert abs(a["final_accuracy"] - cpu["final_accuracy"]) < 0.05
+
+
+def test_deterministic_gpu_settings_keep_a_users_cublas_choice(monkeypatch):
+    from fl_app.device import deterministic_gpu
+
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    deterministic_gpu()
+    assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+    import os
+
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    deterministic_gpu()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
