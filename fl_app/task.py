@@ -112,7 +112,7 @@ def preload_task(cfg: RunConfig, task: Task) -> None:
     """Make :func:`load_task` return ``task`` for ``cfg``'s task in this process.
 
     For engines whose clients run in other processes (the Ray actors of
-    :func:`simulation.engine.run_ray`): the driver loads the dataset and
+    :func:`simulation.ray_engine.run_ray`): the driver loads the dataset and
     partitions once and hands them over, instead of every actor reading and
     partitioning the dataset again. ``task`` must hold what :func:`load_task`
     builds for ``cfg`` (the driver's data and partitions, unchanged); its

@@ -69,7 +69,8 @@ def _engine_pair(tmp: Path, name: str, cfg: dict[str, Any], cores: list[int]) ->
     """One configuration in-process and on Ray with each CPU count: wall seconds, ratios, parallelism."""
     import pandas as pd
 
-    from simulation.engine import run_inprocess, run_ray
+    from simulation.engine import run_inprocess
+    from simulation.ray_engine import run_ray
 
     def iteration_s(out_dir: Path) -> float:
         rows = pd.read_csv(out_dir / "metrics.csv")
@@ -126,7 +127,7 @@ def bench_engine(tmp: Path, quick: bool = False, data_dir: str | None = None) ->
     training, as in summary.json), ``s_first_global_iteration`` (between the
     first two metric rows); for Ray ``ray_start_s``, the client parallelism
     reached (``mean_parallel``, ``max_parallel``, see
-    :func:`simulation.engine.placement_table`) and each wall time over the
+    :func:`simulation.ray_engine.placement_table`) and each wall time over the
     in-process one, and whether accuracy and loss are identical.
     """
     cores = _engine_cores()

@@ -19,7 +19,7 @@ one process:
   its forward pass, as under Ray. It must end bit for bit where
   ``inprocess`` does.
 * ``ray``: the same on Flower's Ray simulation engine
-  (:func:`simulation.engine.run_ray`).
+  (:func:`simulation.ray_engine.run_ray`).
 
 The time of a round is the strategy's ``run_round`` (training and the eq. 6
 average; no handshake, evaluation or engine start-up). The paper's round is
@@ -202,7 +202,8 @@ def time_engine(engine: str, cfg: dict[str, Any], live: bool = True) -> tuple[fl
     from fl_app import live as live_objects
     from fl_app.config import RunConfig
     from fl_app.server_app import plan_run
-    from simulation.engine import run_inprocess, run_ray
+    from simulation.engine import run_inprocess
+    from simulation.ray_engine import run_ray
 
     plan = plan_run(RunConfig.from_mapping(cfg))
     timed = _timed_strategy(plan.strategy_cls)

@@ -42,7 +42,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from fl_app.server_app import plan_run
-    from simulation.engine import pop_engine_options, run_inprocess, run_ray
+    from simulation.engine import run_inprocess
+    from simulation.ray_engine import pop_engine_options, run_ray
     from strategies import checkpoint as ckpt
     from strategies.base import CHECKPOINT_UNSUPPORTED, DivergedError, RunFailedError
 

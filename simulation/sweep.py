@@ -111,7 +111,8 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
         the results table (also written to ``out_dir/results.csv``).
     """
     from fl_app.server_app import plan_run
-    from simulation.engine import run_inprocess, run_ray
+    from simulation.engine import run_inprocess
+    from simulation.ray_engine import run_ray
 
     spec = load_sweep(path)
     out = Path(out_dir) if out_dir else Path("runs") / Path(path).stem

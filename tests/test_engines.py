@@ -104,7 +104,8 @@ def test_same_config_same_metrics(tmp_path):
 @pytest.mark.parametrize("strategy", ["splitfed-v1", "gas", "psl", "gapsl", "mu-splitfed", "ringsfl"])
 def test_ray_matches_inprocess(tmp_path, strategy):
     from fl_app.server_app import plan_run
-    from simulation.engine import run_inprocess, run_ray
+    from simulation.engine import run_inprocess
+    from simulation.ray_engine import run_ray
 
     base = {"strategy": strategy, "num_clients": 3, "concurrency": 3, "global_iterations": 1,
             "local_iterations": 2, "batch_size": 8, "seed": 1}
@@ -192,7 +193,7 @@ def test_ray_engine_options_refused(pairs, message, capsys, tmp_path):
 
 
 def test_engine_options_parsed():
-    from simulation.engine import pop_engine_options
+    from simulation.ray_engine import pop_engine_options
 
     pairs = {"ray-address": " 10.0.0.5:6379 ", "seed": "1"}
     assert pop_engine_options("ray", pairs) == {"address": "10.0.0.5:6379"}
@@ -207,7 +208,7 @@ def test_engine_options_parsed():
 
 
 def test_placement_table_parallelism():
-    from simulation.engine import placement_table
+    from simulation.ray_engine import placement_table
 
     nodes = [{"node_id": "a", "cpus": 1.0}, {"node_id": "b", "cpus": 1.0}]
     rows = [(0, "train.forward", "a", 11, 0.0, 2.0), (1, "train.forward", "b", 22, 1.0, 3.0),

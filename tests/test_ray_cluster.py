@@ -37,7 +37,8 @@ def two_node_cluster():
 
 def test_run_on_a_two_node_cluster(two_node_cluster, tmp_path):
     from fl_app.server_app import plan_run
-    from simulation.engine import run_inprocess, run_ray
+    from simulation.engine import run_inprocess
+    from simulation.ray_engine import run_ray
 
     base = {"strategy": "gas", "num_clients": 4, "concurrency": 4, "global_iterations": 1, "local_iterations": 3,
             "batch_size": 8, "seed": 2}

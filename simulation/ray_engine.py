@@ -1,0 +1,449 @@
+"""The Ray engine: Flower's simulation engine (Ray-backed virtual SuperNodes).
+
+:func:`run_ray` runs a planned job through ``flwr.simulation.run_simulation``.
+Under it ``context.run_config`` is empty, so the configuration travels in the
+ServerApp closure (:func:`simulation.engine.make_server_app`) and, to clients,
+in the handshake. It starts a local Ray instance or joins a running cluster
+(``ray-address``), hands the driver's dataset to the actors once, picks up
+pushed messages at once (not on Flower's 0.1 s poll) and records where each
+message ran (``placement.json``). :func:`pop_engine_options` parses the
+engine's own ``sflower run`` keys (``ray-address``, ``ray-cpus``,
+``ray-gpus``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from fl_app.errors import ConfigError
+from fl_app.server_app import RunPlan
+from simulation.engine import make_server_app
+
+#: ``sflower run`` keys of the Ray engine (``engine=ray`` only), see :func:`pop_engine_options`.
+RAY_ADDRESS_KEY = "ray-address"
+RAY_CPUS_KEY = "ray-cpus"
+RAY_GPUS_KEY = "ray-gpus"
+#: Longest wait (s) of Flower's message pick-up loop when no push wakes it (Flower's own poll is 0.1 s).
+PICKUP_TIMEOUT_S = 0.1
+#: Name of the file a Ray run writes beside summary.json: which Ray node and process ran each message.
+PLACEMENT_FILE = "placement.json"
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
+
+
+def check_ray_address(address: str) -> str:
+    """Validate a ``ray-address``: ``auto`` (the cluster ``ray start`` runs on this machine) or ``HOST:PORT``.
+
+    Returns:
+        the address, stripped.
+
+    Raises:
+        ConfigError: anything else (one line).
+    """
+    value = str(address).strip()
+    match = _HOST_PORT.match(value)
+    if value == "auto" or (match and 0 < int(match.group(2)) < 65536):
+        return value
+    raise ConfigError(f"{RAY_ADDRESS_KEY}='{address}': expected auto or HOST:PORT of a Ray head "
+                      f"(the address 'ray start --head' prints, e.g. 10.0.0.5:6379)")
+
+
+def pop_engine_options(engine: str, pairs: dict[str, str]) -> dict[str, Any]:
+    """Remove the engine's own keys from ``sflower run`` pairs; the keyword arguments of the engine.
+
+    ``ray-address=auto|HOST:PORT`` joins an existing Ray cluster and
+    ``ray-cpus=N`` sizes the local Ray instance (one client actor per CPU);
+    both need ``engine=ray``, and they exclude each other (a cluster's size
+    is its nodes' ``--num-cpus``). ``ray-gpus=F`` gives each client actor
+    the GPU fraction ``F`` (Flower's ``client-resources-num-gpus``; 0.25 =
+    four clients per GPU), so that ``device=auto`` finds a GPU in the actors.
+
+    Raises:
+        ConfigError: a key for another engine, a bad address, CPU count or
+            GPU fraction, or ``ray-gpus`` on a local instance without a GPU.
+    """
+    opts: dict[str, Any] = {}
+    address = pairs.pop(RAY_ADDRESS_KEY, None)
+    cpus = pairs.pop(RAY_CPUS_KEY, None)
+    gpus = pairs.pop(RAY_GPUS_KEY, None)
+    given = [k for k, v in ((RAY_ADDRESS_KEY, address), (RAY_CPUS_KEY, cpus), (RAY_GPUS_KEY, gpus))
+             if v is not None]
+    if given and engine != "ray":
+        raise ConfigError(f"{given[0]} needs engine=ray (engine is {engine})")
+    if address is not None and cpus is not None:
+        raise ConfigError(f"give {RAY_ADDRESS_KEY} or {RAY_CPUS_KEY}, not both: a cluster's CPUs are its "
+                          f"nodes' (ray start --num-cpus)")
+    if address is not None:
+        opts["address"] = check_ray_address(address)
+    if cpus is not None:
+        try:
+            opts["num_cpus"] = int(cpus)
+        except ValueError:
+            opts["num_cpus"] = 0
+        if opts["num_cpus"] < 1:
+            raise ConfigError(f"{RAY_CPUS_KEY}={cpus}: expected a positive integer")
+    if gpus is not None:
+        try:
+            opts["num_gpus"] = float(gpus)
+        except ValueError:
+            opts["num_gpus"] = -1.0
+        if not 0.0 <= opts["num_gpus"] <= 1.0:
+            raise ConfigError(f"{RAY_GPUS_KEY}={gpus}: expected a GPU fraction per client in [0, 1]")
+        if opts["num_gpus"] > 0 and address is None:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(f"{RAY_GPUS_KEY}={gpus} but this machine has no GPU that torch sees "
+                                  f"(Ray would wait for one forever)")
+    return opts
+
+
+class RayClientApp(ClientApp):
+    """The ClientApp as the Ray engine's actors run it: the same handlers, plus two things per process.
+
+    * **The task, once.** The first message in an actor process registers
+      the driver's task (dataset, partitions), fetched from Ray's object
+      store, with :func:`fl_app.task.preload_task`: no actor reads and
+      partitions the dataset again.
+    * **Placement.** Each message's Ray node, process and wall-clock span
+      go to a :func:`_placement_log` actor, for ``placement.json``.
+
+    Nothing else changes: the handlers, their inputs and their state are
+    the wrapped app's, so results equal the in-process engine's.
+
+    Args:
+        app: the ClientApp to run.
+        task_ref: a Ray ObjectRef of ``(RunConfig, Task)``, or None.
+        log: the placement log actor handle, or None.
+    """
+
+    def __init__(self, app: ClientApp, task_ref: Any = None, log: Any = None) -> None:
+        super().__init__()
+        self.app = app
+        self.task_ref = task_ref
+        self.log = log
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        """Run ``message`` through the wrapped app (after the per-process set-up)."""
+        import ray
+
+        if self.task_ref is not None and _PROCESS.get("task") != self.task_ref.hex():
+            cfg, task = ray.get(self.task_ref)
+            from fl_app.task import preload_task
+
+            preload_task(cfg, task)
+            _PROCESS["task"] = self.task_ref.hex()
+            threading.Thread(target=_warm_up, name="sflower-warm-up", daemon=True).start()
+        start = time.time()
+        try:
+            return self.app(message, context)
+        finally:
+            if self.log is not None:
+                if "node" not in _PROCESS:
+                    _PROCESS["node"] = ray.get_runtime_context().get_node_id()
+                ray.get(self.log.add.remote((
+                    int(context.node_config.get("partition-id", -1)), message.metadata.message_type,
+                    _PROCESS["node"], os.getpid(), start, time.time())))
+
+
+#: Per-process facts of a Ray actor process (the preloaded task's object id, the Ray node id).
+_PROCESS: dict[str, str] = {}
+
+
+def _warm_up() -> None:
+    """Import what a client's first training message would import (in the background).
+
+    Building the first ``torch.optim`` optimizer imports ``torch._dynamo``:
+    about 3 s per actor process on a 2-core machine, which the first
+    ``train.backward`` would otherwise wait for. Started after an actor's
+    first message (the handshake), it overlaps with the server's initial
+    evaluation. No numbers change: nothing is computed, no RNG is drawn.
+    """
+    import torch
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
+def _placement_log() -> Any:
+    """A new placement log actor (zero CPUs, so that the client actors keep every CPU)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class PlacementLog:
+        def __init__(self) -> None:
+            self.rows: list[tuple] = []
+
+        def add(self, row: tuple) -> None:
+            self.rows.append(row)
+
+        def get(self) -> list[tuple]:
+            return self.rows
+
+    return PlacementLog.remote()
+
+
+@contextlib.contextmanager
+def _prompt_delivery(wake: threading.Event) -> Iterator[None]:
+    """Let Flower's simulation pick up pushed messages at once instead of on its 0.1 s poll.
+
+    flwr 1.41's ``vce_api.add_messages_to_queue`` scans the nodes for new
+    messages every 0.1 s (a fixed ``f_stop.wait(0.1)``), which delays every
+    request by up to 0.1 s. For the duration of the run it is replaced by
+    the same scan that waits on ``wake`` (set by each push, see
+    :func:`make_server_app`), with :data:`PICKUP_TIMEOUT_S` as the longest
+    wait. Which messages go to which node is unchanged.
+    """
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    original = vce_api.add_messages_to_queue
+
+    def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Mapping[int, int],
+                              f_stop: threading.Event) -> None:
+        while not f_stop.is_set():
+            wake.clear()
+            for node_id in nodes_mapping.keys():
+                for msg in state.get_message_ins(node_id=node_id, limit=1):
+                    queue.put(msg)
+            wake.wait(PICKUP_TIMEOUT_S)
+
+    vce_api.add_messages_to_queue = add_messages_to_queue
+    try:
+        yield
+    finally:
+        vce_api.add_messages_to_queue = original
+
+
+def _init_ray(address: str | None, num_cpus: int) -> float:
+    """Start a local Ray instance with ``num_cpus`` CPUs, or join the cluster at ``address``; seconds taken.
+
+    Flower's Ray backend then finds Ray initialised and uses it as it is
+    (it would otherwise start its own with ``init_args``). Workers get this
+    process's ``sys.path``: inherited locally, through the job's
+    ``runtime_env`` on a cluster (whose nodes need the same install).
+
+    Raises:
+        ConfigError: the cluster cannot be joined (one line).
+    """
+    import logging
+
+    import ray
+
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    os.environ["PYTHONPATH"] = pythonpath
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                              "logging_level": logging.WARNING}
+    if address is None:
+        # "local": a new instance of our size, even where `ray start` runs on this machine or RAY_ADDRESS is set
+        kwargs.update(address="local", num_cpus=num_cpus)
+    else:
+        _probe_head(address)
+        kwargs.update(address=address, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    t0 = time.perf_counter()
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        if address is None:
+            raise
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"cannot join the Ray cluster at {RAY_ADDRESS_KEY}={address}: {reason}") from None
+    return time.perf_counter() - t0
+
+
+def _probe_head(address: str, timeout: float = 5.0) -> None:
+    """Check that a Ray head answers at ``address`` (``ray.init`` retries a dead address for minutes).
+
+    ``auto`` is resolved as Ray resolves it (``RAY_ADDRESS``, then the
+    cluster ``ray start`` last started on this machine).
+
+    Raises:
+        ConfigError: no cluster to join, or nothing listens at the address.
+    """
+    import socket
+
+    target = address
+    if address == "auto":
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            target = canonicalize_bootstrap_address("auto") or ""
+        except Exception as err:  # noqa: BLE001 - Ray says no cluster runs here, or its API moved
+            raise ConfigError(f"{RAY_ADDRESS_KEY}=auto: no running Ray cluster found on this machine "
+                              f"({(str(err).strip().splitlines() or [type(err).__name__])[0]}); start one with "
+                              f"'ray start --head' or give HOST:PORT") from None
+        if not target:
+            raise ConfigError(f"{RAY_ADDRESS_KEY}=auto: no running Ray cluster found on this machine; start one "
+                              f"with 'ray start --head' or give HOST:PORT")
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"cannot join the Ray cluster at {RAY_ADDRESS_KEY}={address}: nothing answers at "
+                          f"{target} ({err.__class__.__name__}: {err}); is 'ray start --head' running there?") from None
+
+
+def _ray_nodes() -> list[dict[str, Any]]:
+    """The live Ray nodes: id, address, CPUs, and whether it is the head."""
+    import ray
+
+    nodes = []
+    for n in ray.nodes():
+        if not n.get("Alive") or not n.get("Resources"):
+            continue
+        nodes.append({"node_id": n["NodeID"], "address": n.get("NodeManagerAddress"),
+                      "port": n.get("NodeManagerPort"), "cpus": n["Resources"].get("CPU", 0.0),
+                      "head": "node:__internal_head__" in n["Resources"]})
+    return nodes
+
+
+def placement_table(rows: Sequence[Sequence[Any]], nodes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Summarise the placement log of a Ray run.
+
+    Args:
+        rows: ``(partition id, message type, Ray node id, pid, start, end)``
+            per message; start and end are wall-clock seconds (``time.time()``).
+        nodes: :func:`_ray_nodes`.
+
+    Returns:
+        ``nodes`` (each with its message count and its actor processes),
+        ``clients`` (partition id -> messages per Ray node name, ``node-K``
+        in ``nodes`` order), ``messages``,
+        and the parallelism of the client work: ``busy_s`` (wall seconds
+        with at least one message running), ``handler_s`` (their summed
+        durations), ``mean_parallel`` (= handler_s / busy_s) and
+        ``max_parallel`` (most messages running at once).
+    """
+    names = {n["node_id"]: f"node-{i}" for i, n in enumerate(nodes)}
+    by_node: dict[str, dict[str, Any]] = {}
+    clients: dict[str, dict[str, int]] = {}
+    for pid, _kind, node, proc, _t0, _t1 in rows:
+        entry = by_node.setdefault(node, {"messages": 0, "processes": set()})
+        entry["messages"] += 1
+        entry["processes"].add(int(proc))
+        per = clients.setdefault(str(pid), {})
+        name = names.get(node, node)
+        per[name] = per.get(name, 0) + 1
+    table = []
+    for n in nodes:
+        used = by_node.get(n["node_id"], {"messages": 0, "processes": set()})
+        table.append({"name": names[n["node_id"]], **n, "messages": used["messages"],
+                      "processes": sorted(used["processes"])})
+    events = sorted([(float(r[4]), 1) for r in rows] + [(float(r[5]), -1) for r in rows])
+    running = peak = 0
+    busy = 0.0
+    last = None
+    for t, step in events:
+        if running > 0 and last is not None:
+            busy += t - last
+        running += step
+        peak = max(peak, running)
+        last = t
+    handler = float(sum(float(r[5]) - float(r[4]) for r in rows))
+    return {"nodes": table, "clients": {k: clients[k] for k in sorted(clients, key=int)}, "messages": len(rows),
+            "busy_s": busy, "handler_s": handler, "mean_parallel": handler / busy if busy > 0 else 0.0,
+            "max_parallel": peak}
+
+
+class _QuietDeprecation(logging.Filter):
+    """Drops Flower's notice that ``run_simulation`` is deprecated (it is the engine's documented entry point
+    in 1.41, DESIGN.md §4; the notice is printed twice per run and says nothing a user can act on)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "`run_simulation` function is deprecated" not in record.getMessage()
+
+
+def run_ray(plan: RunPlan, *, progress: bool = True, num_cpus: int | None = None,
+            address: str | None = None, num_gpus: float = 0.0) -> dict[str, Any]:
+    """Run a planned job on Flower's Ray simulation engine; returns the summary.
+
+    One client actor per CPU runs the nodes' messages (Flower's actor pool);
+    up to that many messages run at once. Besides the run's own outputs it
+    writes ``placement.json`` (see :func:`placement_table`) and adds a
+    ``ray`` entry to summary.json: where the clients ran, the parallelism
+    reached, and the seconds Ray took to start or join.
+
+    Args:
+        plan: the planned run.
+        progress: show the progress bar.
+        num_cpus: CPUs of the local Ray instance (default: all of this
+            machine's); not with ``address``.
+        address: join the running Ray cluster at ``auto`` or ``HOST:PORT``
+            instead of starting one; its nodes' CPUs size the actor pool.
+        num_gpus: GPU fraction of each client actor (Flower's
+            ``client_resources.num_gpus``); 0 keeps the actors on the CPU.
+
+    Raises:
+        ConfigError: a bad or unreachable ``address``, or both arguments.
+        RuntimeError: the run wrote no summary (it failed inside Flower).
+    """
+    import dataclasses
+    import json
+    import logging
+
+    if address is not None:
+        address = check_ray_address(address)
+        if num_cpus is not None:
+            raise ConfigError(f"give {RAY_ADDRESS_KEY} or {RAY_CPUS_KEY}, not both")
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    from flwr.simulation import run_simulation
+
+    from fl_app.client_app import app as client_app
+
+    cpus = num_cpus or os.cpu_count() or 2
+    summary_path = plan.out_dir / "summary.json"
+    if summary_path.exists():
+        summary_path.unlink()
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.setLevel(logging.WARNING)
+    if not any(isinstance(f, _QuietDeprecation) for f in flwr_log.filters):
+        flwr_log.addFilter(_QuietDeprecation())
+    start_s = _init_ray(address, cpus) if not ray.is_initialized() else 0.0
+    # Flower shuts Ray down when the simulation ends: what we need from Ray is read before that.
+    nodes = _ray_nodes()
+    log = _placement_log()
+    task_ref = ray.put((plan.cfg, dataclasses.replace(plan.task)))  # data and partitions; no built models
+    rows: list[tuple] = []
+
+    def collect() -> None:
+        try:
+            rows.extend(ray.get(log.get.remote(), timeout=60))
+        except Exception as err:  # noqa: BLE001 - never mask the run's own outcome; placement is a report
+            logging.getLogger(__name__).warning("no placement log from Ray: %s", err)
+
+    wake = threading.Event()
+    with _prompt_delivery(wake):
+        run_simulation(
+            server_app=make_server_app(plan, progress=progress, wake=wake, finish=collect),
+            client_app=RayClientApp(client_app, task_ref, log),
+            num_supernodes=plan.cfg.num_clients,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": float(num_gpus)},
+                            "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": False}},
+        )
+    if not summary_path.exists():
+        raise RuntimeError("the Ray simulation ended without writing summary.json; see the log above")
+    placement = placement_table(rows, nodes)
+    (plan.out_dir / PLACEMENT_FILE).write_text(json.dumps(placement, indent=2) + "\n")
+    summary = json.loads(summary_path.read_text())
+    summary["ray"] = {
+        "address": address or "local", "start_s": start_s, "nodes": len(nodes),
+        "cpus": sum(n["cpus"] for n in nodes), "nodes_used": sum(1 for n in placement["nodes"] if n["messages"]),
+        "mean_parallel": placement["mean_parallel"], "max_parallel": placement["max_parallel"],
+    }
+    summary_path.write_text(json.dumps(summary, indent=2))
+    return summary
+
