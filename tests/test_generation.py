@@ -217,6 +217,17 @@ def test_update_rejects_bad_shapes_and_labels():
         lg.update(torch.ones(2, 3), torch.tensor([0]))
 
 
+def _each_state(lg, stream, weights, labels):
+    """After each update of ``stream``: ``(i, label, state, eq. 12 target + rI)`` for every seen label."""
+    dim = stream[0][0].shape[1]
+    for i, (acts, y) in enumerate(stream):
+        lg.update(acts, y)
+        for label in labels:
+            if lg.has_stats(label):
+                _, cov = _direct(stream[: i + 1], label, weights)
+                yield i, label, lg._states[label], cov + REG * np.eye(dim)
+
+
 # ------------------------------------------------------ factored sampling
 @pytest.mark.parametrize("factor_dtype,rtol", [(torch.float64, 1e-10), (torch.float32, 3e-6)])
 @pytest.mark.parametrize("bounds", [None, [0, 1, 3]])
@@ -228,22 +239,15 @@ def test_factor_matches_covariance_through_compressions(factor_dtype, rtol, boun
         lg._bounds = bounds
     weights = [float(n) for n in range(1, 13)]
     seen_states = set()
-    for i, (acts, labels) in enumerate(stream):
-        lg.update(acts, labels)
-        for label in range(2):
-            if not lg.has_stats(label):
-                continue
-            st = lg._states[label]
-            seen_states.add((st.L is not None, st.j > 0))
-            F, iso = lg.sampling_factor(label)
-            mu, cov = _direct(stream[: i + 1], label, weights)
-            target = cov + REG * np.eye(dim)
-            np.testing.assert_allclose((F @ F.T).numpy() + iso * np.eye(dim), target,
-                                       rtol=rtol, atol=rtol * np.abs(target).max())
-            # covariance() is float64, accurate to the storage dtype's rounding
-            np.testing.assert_allclose(lg.covariance(label).numpy(), target,
-                                       rtol=rtol, atol=rtol * np.abs(target).max())
-            assert 0.0 <= iso <= REG
+    for _, label, st, target in _each_state(lg, stream, weights, range(2)):
+        seen_states.add((st.L is not None, st.j > 0))
+        F, iso = lg.sampling_factor(label)
+        np.testing.assert_allclose((F @ F.T).numpy() + iso * np.eye(dim), target,
+                                   rtol=rtol, atol=rtol * np.abs(target).max())
+        # covariance() is float64, accurate to the storage dtype's rounding
+        np.testing.assert_allclose(lg.covariance(label).numpy(), target,
+                                   rtol=rtol, atol=rtol * np.abs(target).max())
+        assert 0.0 <= iso <= REG
     assert lg.num_compressions >= 4
     assert (True, True) in seen_states  # compressed factor plus pending columns
 
@@ -369,32 +373,25 @@ def test_compact_storage_matches_straightforward_statistics_and_samples(factor_d
     lg._bounds = [0, 2, 4, 6]  # three row slabs on a tiny D
     weights = [float(n) for n in range(1, 15)]
     checked = set()
-    for i, (acts, labels) in enumerate(stream):
-        lg.update(acts, labels)
-        for label in range(2):
-            if not lg.has_stats(label):
-                continue
-            st = lg._states[label]
-            _, cov = _direct(stream[: i + 1], label, weights)
-            target = cov + REG * np.eye(dim)
-            np.testing.assert_allclose(lg.covariance(label).numpy(), target,
-                                       rtol=rtol, atol=rtol * np.abs(target).max())
-            F, iso = lg.sampling_factor(label)
-            np.testing.assert_allclose((F @ F.T).numpy() + iso * np.eye(dim), target,
-                                       rtol=rtol, atol=rtol * np.abs(target).max())
-            # draw for draw: the same normals through the dense factor
-            n = 5
-            x = lg.sample(label, n, torch.Generator().manual_seed(i))
-            eps = torch.randn((n, F.shape[1] + dim), generator=torch.Generator().manual_seed(i),
-                              dtype=factor_dtype).double()
-            want = lg.mean(label) + eps[:, : F.shape[1]] @ F.T + math.sqrt(iso) * eps[:, F.shape[1]:]
-            torch.testing.assert_close(x.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
-            checked.add((st.L is not None, st.j > 0))
-            if st.L is not None:  # the stored factor: row slabs, the storage dtype, no dense D x D
-                assert [t.shape for t in st.L] == [(2, 2), (2, 4), (2, 6)]
-                assert all(t.dtype == factor_dtype for t in st.L)
-                assert st.K is None or st.K.dtype == factor_dtype
-                assert not hasattr(st, "G")
+    for i, label, st, target in _each_state(lg, stream, weights, range(2)):
+        np.testing.assert_allclose(lg.covariance(label).numpy(), target,
+                                   rtol=rtol, atol=rtol * np.abs(target).max())
+        F, iso = lg.sampling_factor(label)
+        np.testing.assert_allclose((F @ F.T).numpy() + iso * np.eye(dim), target,
+                                   rtol=rtol, atol=rtol * np.abs(target).max())
+        # draw for draw: the same normals through the dense factor
+        n = 5
+        x = lg.sample(label, n, torch.Generator().manual_seed(i))
+        eps = torch.randn((n, F.shape[1] + dim), generator=torch.Generator().manual_seed(i),
+                          dtype=factor_dtype).double()
+        want = lg.mean(label) + eps[:, : F.shape[1]] @ F.T + math.sqrt(iso) * eps[:, F.shape[1]:]
+        torch.testing.assert_close(x.double(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
+        checked.add((st.L is not None, st.j > 0))
+        if st.L is not None:  # the stored factor: row slabs, the storage dtype, no dense D x D
+            assert [t.shape for t in st.L] == [(2, 2), (2, 4), (2, 6)]
+            assert all(t.dtype == factor_dtype for t in st.L)
+            assert st.K is None or st.K.dtype == factor_dtype
+            assert not hasattr(st, "G")
     assert (True, True) in checked and (False, True) in checked and lg.num_compressions >= 3
     # storage grows only with the labels seen: label 2 holds nothing
     assert not lg.has_stats(2) and lg._states[2].K is None and lg._states[2].L is None
