@@ -101,6 +101,7 @@ def relay_slot(origin: int) -> str:
 
 
 C = TypeVar("C", bound="ActionConfig")
+R = TypeVar("R", ArrayRecord, ConfigRecord)
 
 
 def _key(field_name: str) -> str:
@@ -479,16 +480,28 @@ def config_records(content: RecordDict) -> dict[str, ConfigRecord]:
     return {k: v for k, v in content.items() if isinstance(v, ConfigRecord)}
 
 
+def _record(content: RecordDict, key: str, kind: type[R]) -> R | None:
+    """``content[key]`` when it is a record of type ``kind`` (no copy of the records), else None."""
+    value = content.get(key)
+    return value if isinstance(value, kind) else None
+
+
+def _required(content: RecordDict, key: str, kind: type[R]) -> R:
+    """:func:`_record`, or KeyError when ``content`` has no record ``key`` of type ``kind``."""
+    value = _record(content, key, kind)
+    if value is None:
+        raise KeyError(key)
+    return value
+
+
 def get_array(content: RecordDict, key: str) -> ArrayRecord | None:
     """``content.array_records.get(key)`` without copying the records."""
-    value = content.get(key)
-    return value if isinstance(value, ArrayRecord) else None
+    return _record(content, key, ArrayRecord)
 
 
 def get_config(content: RecordDict, key: str) -> ConfigRecord | None:
     """``content.config_records.get(key)`` without copying the records."""
-    value = content.get(key)
-    return value if isinstance(value, ConfigRecord) else None
+    return _record(content, key, ConfigRecord)
 
 
 def array_of(content: RecordDict, key: str) -> ArrayRecord:
@@ -497,10 +510,7 @@ def array_of(content: RecordDict, key: str) -> ArrayRecord:
     Raises:
         KeyError: ``content`` has no ArrayRecord ``key``.
     """
-    value = content.get(key)
-    if not isinstance(value, ArrayRecord):
-        raise KeyError(key)
-    return value
+    return _required(content, key, ArrayRecord)
 
 
 def config_of(content: RecordDict, key: str) -> ConfigRecord:
@@ -509,7 +519,4 @@ def config_of(content: RecordDict, key: str) -> ConfigRecord:
     Raises:
         KeyError: ``content`` has no ConfigRecord ``key``.
     """
-    value = content.get(key)
-    if not isinstance(value, ConfigRecord):
-        raise KeyError(key)
-    return value
+    return _required(content, key, ConfigRecord)

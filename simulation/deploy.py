@@ -304,9 +304,11 @@ class Proc:
 
     @property
     def pid(self) -> int:
+        """The process id of the started command."""
         return int(self.popen.pid)
 
     def alive(self) -> bool:
+        """Whether the started command is still running."""
         return self.popen.poll() is None
 
 
