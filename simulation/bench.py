@@ -21,6 +21,9 @@ ratios (this machine is shared and noisy, so compare within one run):
   :mod:`simulation.bench_generation`).
 * ``memory``: peak client memory of one client step, zeroth-order against
   first-order (see :mod:`simulation.bench_memory`).
+* ``summary`` (only when named, with ``--against REV``): the headline
+  figures of the above, REV and the working tree side by side in one table
+  (see :mod:`simulation.bench_summary`).
 * ``ring``: one RingSFL round (LeNet-5, MNIST, 5 clients, 8:1:1:1:1) on the
   in-process and Ray engines against a one-process oracle doing the same
   arithmetic on the same batches (see :mod:`simulation.bench_ring`).
@@ -37,7 +40,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-BENCHMARKS = ("engine", "throughput", "scale", "generation", "memory", "ring")
+BENCHMARKS = ("engine", "throughput", "scale", "generation", "memory", "ring", "summary")
+#: What ``sflower bench`` runs when no benchmark is named (``summary`` repeats the others' runs).
+DEFAULT_BENCHMARKS = BENCHMARKS[:-1]
 FMNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "fashion-mnist"
 
 
@@ -331,8 +336,8 @@ def run_benchmarks(names: list[str], quick: bool = False, data_dir: str | None =
                    against: str | None = None) -> dict[str, Any]:
     """Run the named benchmarks; print and return their figures.
 
-    ``against``: a git revision that ``throughput`` also runs, side by side
-    with the working tree (see :func:`bench_throughput`).
+    ``against``: a git revision that ``throughput`` and ``summary`` also
+    run, side by side with the working tree (see :func:`bench_throughput`).
     """
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="sflower-bench-") as tmpdir:
@@ -355,5 +360,15 @@ def run_benchmarks(names: list[str], quick: bool = False, data_dir: str | None =
                 from simulation import bench_ring
 
                 results[name] = bench_ring.run(tmp, quick, _mnist_dir(data_dir))
+            elif name == "summary":
+                from simulation import bench_summary
+
+                if against is None:
+                    from fl_app.errors import ConfigError
+
+                    raise ConfigError("bench summary needs --against REV (the revision to compare with)")
+                results[name] = bench_summary.run(tmp, against, quick, data_dir)
             print(json.dumps(results[name], indent=2, default=str), flush=True)
+            if name == "summary":
+                print(results[name]["table"], flush=True)
     return results

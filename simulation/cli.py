@@ -187,10 +187,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``sflower bench``: the four benchmarks (or those named), figures and ratios."""
-    from simulation.bench import BENCHMARKS, run_benchmarks
+    """``sflower bench``: the benchmarks (or those named), figures and ratios."""
+    from simulation.bench import BENCHMARKS, DEFAULT_BENCHMARKS, run_benchmarks
 
-    names = args.only or list(BENCHMARKS)
+    names = args.only or list(DEFAULT_BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         raise ConfigError(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(BENCHMARKS)}")
@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--data-dir", default=None, help="Fashion-MNIST directory (default ../shared/data/fashion-mnist)")
     bn.add_argument("--against", default=None, metavar="REV",
                     help="throughput: also run git revision REV (e.g. HEAD) side by side and report the ratio; "
-                         "generation: REV's statistics memory beside ours (default HEAD)")
+                         "generation: REV's statistics memory beside ours (default HEAD); "
+                         "summary (required): REV's headline figures beside ours, in one table")
     bn.set_defaults(func=cmd_bench)
     pt = sub.add_parser("partition", help="write each partition's training files to DIR/partition-K",
                         description="Keys: dataset, data-dir, num-clients, partition, alpha, shards, seed, "
