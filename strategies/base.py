@@ -137,6 +137,8 @@ class SFLStrategy(Strategy):
         self._draws: dict[int, int] = defaultdict(int)
         #: wall seconds spent evaluating inside run() (excluded from ``server_compute_s``)
         self.eval_seconds = 0.0
+        #: the initial evaluation, made by :meth:`prepare` during the handshake, until recorded
+        self._early_evaluation: tuple[float, float, dict[str, float]] | None = None
         self.run_seconds = 0.0
         #: replies to earlier requests that a later gather received (see :meth:`gather_replies`)
         self.stray_replies: list[Reply] = []
@@ -222,10 +224,8 @@ class SFLStrategy(Strategy):
                 self.restore_checkpoint(grid, self.resume_from)
                 self._open_progress()
             else:
-                self.connect(grid, timeout if timeout is not None else self.cfg.node_timeout)
-                self.initialize()
-                if initial_arrays is not None:
-                    self.global_model().load_state_dict(P.record_state(initial_arrays))
+                self.connect(grid, timeout if timeout is not None else self.cfg.node_timeout,
+                             meanwhile=lambda: self.prepare(initial_arrays))
                 self._open_progress()
                 self.evaluate_and_record()
             if not self.should_stop():
@@ -284,8 +284,27 @@ class SFLStrategy(Strategy):
     def on_failure(self, partition_id: int, action: str, reason: str) -> None:
         """Called after a client's error reply, timeout or malformed reply (it is already excluded)."""
 
+    def prepare(self, initial_arrays: ArrayRecord | None = None) -> None:
+        """The server's set-up that needs no client, run while the handshake's replies are on their way.
+
+        :meth:`initialize`, the initial weights (``initial_arrays``, full-model
+        weights, when given) and, when the strategy evaluates one global model
+        (no :meth:`evaluation_models` of its own), the initial evaluation,
+        which :meth:`evaluate_and_record` then records. Overlapping them with
+        the handshake hides the clients' start (a Ray actor's imports, a
+        deployment round trip) behind the server's own work; nothing they
+        compute depends on the handshake, so no number changes.
+        """
+        self.initialize()
+        if initial_arrays is not None:
+            self.global_model().load_state_dict(P.record_state(initial_arrays))
+        if type(self).evaluation_models is SFLStrategy.evaluation_models:  # per-client models need the clients
+            t0 = time.perf_counter()
+            self._early_evaluation = self.evaluate_global(full=False)
+            self.eval_seconds += time.perf_counter() - t0
+
     # ------------------------------------------------------------------ handshake
-    def connect(self, grid: Grid, timeout: float) -> None:
+    def connect(self, grid: Grid, timeout: float, meanwhile: Callable[[], None] | None = None) -> None:
         """Wait for ``num-clients`` nodes, handshake, and map node ids to partitions.
 
         A node that reports a negative partition id (device-local data and no
@@ -298,6 +317,9 @@ class SFLStrategy(Strategy):
         after ``join-timeout`` seconds (0: ``timeout``), and the run starts
         with the nodes present if they are at least ``min-clients``; the
         partitions no node holds take no part (``failure_reasons`` says so).
+
+        ``meanwhile`` (e.g. :meth:`prepare`) runs once the ``query.info``
+        requests are sent, before their replies are read.
 
         Raises:
             RunFailedError: too few nodes within ``timeout`` seconds, or a
@@ -327,7 +349,7 @@ class SFLStrategy(Strategy):
         task_record = ConfigRecord({k: v for k, v in self.cfg.as_dict().items()})
         unassigned: list[int] = []
         for nid, info in self._handshake(grid, {nid: RecordDict({P.TASK: task_record}) for nid in node_ids},
-                                         t0, timeout):
+                                         t0, timeout, meanwhile):
             if int(info[P.INFO_PARTITION_ID]) < 0:  # device-local data and no partition-id: assign one below
                 unassigned.append(nid)
             else:
@@ -359,9 +381,12 @@ class SFLStrategy(Strategy):
                                      timeout=self.cfg.node_timeout)
 
     @staticmethod
-    def _handshake(grid: Grid, contents: Mapping[int, RecordDict], t0: float,
-                   timeout: float) -> list[tuple[int, ConfigRecord]]:
+    def _handshake(grid: Grid, contents: Mapping[int, RecordDict], t0: float, timeout: float,
+                   meanwhile: Callable[[], None] | None = None) -> list[tuple[int, ConfigRecord]]:
         """Send ``query.info`` with ``contents[node_id]`` to each node; ``(node id, info record)`` per reply.
+
+        ``meanwhile`` runs after the requests are sent, before the replies
+        are read (a reply that has arrived by then is never late).
 
         Raises:
             RunFailedError: a node answered with an error or without an info
@@ -369,6 +394,8 @@ class SFLStrategy(Strategy):
         """
         msgs = [Message(content, nid, P.QUERY_INFO) for nid, content in contents.items()]
         ids = set(grid.push_messages(msgs))
+        if meanwhile is not None:
+            meanwhile()
         replies: list[Message] = []
         while ids:
             got = list(grid.pull_messages(list(ids)))
@@ -695,9 +722,12 @@ class SFLStrategy(Strategy):
 
     def evaluate_and_record(self, final: bool = False) -> dict[str, Any]:
         """Evaluate (on the full test set when ``final``), append a metric row, update progress."""
-        t0 = time.perf_counter()
-        loss, acc, per_client = self.evaluate_global(full=final)
-        self.eval_seconds += time.perf_counter() - t0
+        if self._early_evaluation is not None and not final:  # the initial evaluation, made by prepare()
+            (loss, acc, per_client), self._early_evaluation = self._early_evaluation, None
+        else:
+            t0 = time.perf_counter()
+            loss, acc, per_client = self.evaluate_global(full=final)
+            self.eval_seconds += time.perf_counter() - t0
         row = {
             "global_iteration": self.global_iteration,
             "server_updates": self.server_updates,

@@ -1124,3 +1124,53 @@ def test_gas_reference_preset():
     assert RunConfig.from_mapping({}).init == "default"
     with pytest.raises(ConfigError, match="unknown preset 'gas'"):
         RunConfig.from_mapping({"preset": "gas"})
+
+
+# ---------------------------------------------------------------------------
+# The handshake overlaps the server's set-up (strategy.prepare)
+@pytest.mark.parametrize("strategy, early", [("gas", True), ("psl", False)])
+def test_initial_evaluation_runs_while_the_handshake_replies_are_on_their_way(monkeypatch, tmp_path, strategy,
+                                                                               early):
+    """One global model: initialize and the initial evaluation run between the handshake's push and
+    its pull (its first metric row is that evaluation). Per-client models (psl) are evaluated
+    after the handshake, which tells the server which clients there are."""
+    from fl_app.client_app import app
+    from fl_app.server_app import plan_run, run_server
+    from simulation.engine import InProcessGrid, _task_identity
+    from strategies.base import SFLStrategy
+
+    events = []
+
+    class _Grid(InProcessGrid):
+        def push_messages(self, messages):
+            messages = list(messages)
+            events.extend(f"push {m.metadata.message_type}" for m in messages[:1])
+            return super().push_messages(messages)
+
+        def pull_messages(self, message_ids):
+            replies = list(super().pull_messages(message_ids))
+            events.extend(f"pull {r.metadata.message_type}" for r in replies[:1])
+            return replies
+
+    original = SFLStrategy.evaluate_global
+
+    def evaluate_global(self, full=True):
+        out = original(self, full)
+        events.append(("evaluate", out[1]))
+        return out
+
+    monkeypatch.setattr(SFLStrategy, "evaluate_global", evaluate_global)
+    cfg = RunConfig.from_mapping({**TINY, "strategy": strategy, "num-clients": 2, "concurrency": 2,
+                                  "global-iterations": 1, "local-iterations": 1, "batch-size": 8,
+                                  "output-dir": str(tmp_path)})
+    grid = _Grid(app, cfg.num_clients, cfg.seed)
+    with _task_identity(grid.run.run_id):
+        summary = run_server(grid, plan_run(cfg), progress=False)
+    assert summary["status"] == "completed"
+    first_eval = next(i for i, e in enumerate(events) if isinstance(e, tuple))
+    push, pull = events.index("push query.info"), events.index("pull query.info")
+    assert (push < first_eval < pull) if early else (push < pull < first_eval), events
+    evaluations = [e[1] for e in events if isinstance(e, tuple)]
+    rows = read_metrics(tmp_path / "metrics.csv")
+    assert len(evaluations) == len(rows) == 2  # recorded once each, the early one included
+    assert [float(r["test_accuracy"]) for r in rows] == evaluations
