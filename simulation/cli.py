@@ -215,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="tables and plots of a sweep directory")
     rp.add_argument("dir")
     rp.set_defaults(func=cmd_report)
-    bn = sub.add_parser("bench", help="engine, throughput, scale, generation and memory benchmarks")
+    bn = sub.add_parser("bench", help="engine, throughput, scale, generation, memory and ring benchmarks; "
+                                      "summary (only when named)")
     bn.add_argument("only", nargs="*", help="benchmarks to run (default: all)")
     bn.add_argument("--quick", action="store_true", help="smaller budgets")
     bn.add_argument("--data-dir", default=None, help="Fashion-MNIST directory (default ../shared/data/fashion-mnist)")
