@@ -239,11 +239,11 @@ class _Slot:
         """The input of the slot's last forward: own data (recomputed) or the relayed tensor."""
         batch = self.batch
         if self.range[0] == 0:
-            return self.node.on_device(*load_batch(self.node.task, self.node.partition_id, batch["indices"],
-                                                   int(batch["step"])))
+            x, y = load_batch(self.node.task, self.node.partition_id, batch["indices"], int(batch["step"]))
+            return self.node.on_device(x), self.node.on_device(y)
         record = self.array("input")
-        labels = self.node.on_device(P.record_tensor(record, "y"))[0] if "y" in record else None
-        return self.node.on_device(P.record_tensor(record, "x"))[0], labels
+        labels = self.node.on_device(P.record_tensor(record, "y")) if "y" in record else None
+        return self.node.on_device(P.record_tensor(record, "x")), labels
 
 
 class _Node:
@@ -264,9 +264,9 @@ class _Node:
         #: CPU nodes only (the cache builds its models on the CPU)
         self.live = live_cache(context.state) if self.device.type == "cpu" else None
 
-    def on_device(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``tensors`` (decoded from a message or loaded from data: CPU) moved to :attr:`device`."""
-        return tuple(to_device(t, self.device) for t in tensors)
+    def on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (decoded from a message or loaded from data: CPU) moved to :attr:`device`."""
+        return to_device(tensor, self.device)
 
     def place(self, model: BlockModel) -> BlockModel:
         """``model`` moved to :attr:`device` (untouched on the CPU)."""
@@ -294,7 +294,8 @@ class _Node:
         step = int(sampler.get("step", 0))
         idx = sample_batch(self.task, self.partition_id, sampler, batch_size)
         sampler["step"] = step + 1
-        x, y = self.on_device(*load_batch(self.task, self.partition_id, idx, step))
+        x, y = load_batch(self.task, self.partition_id, idx, step)
+        x, y = self.on_device(x), self.on_device(y)
         return ConfigRecord({"indices": idx.tolist(), "step": step}), x, y
 
     def forward_seed(self) -> int:
@@ -507,8 +508,8 @@ def train_forward(msg: Message, context: Context) -> Message:
         record["start"], record["end"] = cfg.start, end
     else:
         acts, labels = P.array_of(msg.content, P.ACTIVATIONS), P.get_array(msg.content, P.LABELS)
-        x = node.on_device(P.record_tensor(acts, "x"))[0]
-        y = node.on_device(P.record_tensor(labels, "y"))[0] if labels is not None else None
+        x = node.on_device(P.record_tensor(acts, "x"))
+        y = node.on_device(P.record_tensor(labels, "y")) if labels is not None else None
         # kept (and the labels passed on) as received: the bytes that re-encoding x and y gives
         inputs = {"x": P.canonical(acts["x"])} if labels is None else \
             {"x": P.canonical(acts["x"]), "y": P.canonical(labels["y"])}
@@ -544,7 +545,7 @@ def train_backward(msg: Message, context: Context) -> Message:
     slot = node.slot(cfg.slot, cfg.model_slot)
     start, end = slot.range
     model = slot.model(start, end)
-    (grad,) = node.on_device(P.record_tensor(P.array_of(msg.content, P.GRADIENT), "g"))
+    grad = node.on_device(P.record_tensor(P.array_of(msg.content, P.GRADIENT), "g"))
     graph = None
     if node.live is not None:  # the forward pass's own graph, where it is exactly what recomputing gives
         graph = node.live.take_graph(slot.name, model, slot.batch, slot.array("input") if start > 0 else None)

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fl_app.device import to_device
+
 #: Seed-stream tags of ZO directions (client side and server side).
 STREAM_ZO_CLIENT = 19
 STREAM_ZO_SERVER = 23
@@ -61,7 +63,7 @@ def shapes_of(model: nn.Module) -> list[torch.Size]:
 def perturb_(model: nn.Module, u: Sequence[torch.Tensor], scale: float) -> None:
     """``w ← w + scale · u`` in place over the trainable parameters."""
     for p, v in zip((p for p in model.parameters() if p.requires_grad), u):
-        p.add_(v if v.device == p.device else v.to(p.device), alpha=scale)
+        p.add_(to_device(v, p.device), alpha=scale)
 
 
 def spsa_gradient(diffs: Sequence[float], directions: Iterable[Sequence[torch.Tensor]], mu: float,

@@ -46,6 +46,11 @@ DEFAULT_BENCHMARKS = BENCHMARKS[:-1]
 FMNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "fashion-mnist"
 
 
+#: The short GAS run of ``bench engine`` (and ``bench summary``) where the engines' fixed costs dominate.
+SMALL_ENGINE_RUN: dict[str, Any] = dict(strategy="gas", dataset="mnist-5k", num_clients=4, concurrency=2,
+                                        partition="iid", global_iterations=1, local_iterations=10, eval_every=0)
+
+
 def _plan(**overrides: Any):
     from fl_app.config import RunConfig
     from fl_app.server_app import plan_run
@@ -136,8 +141,7 @@ def bench_engine(tmp: Path, quick: bool = False, data_dir: str | None = None) ->
     in-process one, and whether accuracy and loss are identical.
     """
     cores = _engine_cores()
-    small = dict(strategy="gas", dataset="mnist-5k", num_clients=4, concurrency=2, partition="iid",
-                 global_iterations=1, local_iterations=3 if quick else 10, eval_every=0)
+    small = dict(SMALL_ENGINE_RUN, local_iterations=3) if quick else SMALL_ENGINE_RUN
     out: dict[str, Any] = {"cores": cores, "small": _engine_pair(tmp, "engine-small", small, cores)}
     if not quick:
         realistic = dict(strategy="gas", dataset="fashion-mnist", data_dir=_fmnist_dir(data_dir), num_clients=20,
@@ -207,17 +211,28 @@ def _source_tree(rev: str, dest: Path) -> Path:
     return dest
 
 
+def run_in_tree(src: Path, args: list[str], what: str) -> dict[str, Any]:
+    """Run ``python *args`` in a fresh interpreter with the code under ``src`` first on the path (cwd ``src``).
+
+    Returns:
+        the JSON object on the child's last stdout line ({} when it printed none).
+
+    Raises:
+        RuntimeError: the child failed; the message names ``what`` and gives its last stderr line.
+    """
+    env = dict(os.environ, PYTHONPATH=str(src))
+    proc = subprocess.run([sys.executable, *args], cwd=str(src), env=env, capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{what} of {src} failed: {tail}")
+    lines = proc.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if lines else {}
+
+
 def _throughput_child(src: Path, data_dir: str, out: Path, iters: int, gi: int) -> dict[str, Any]:
     """One throughput run of the code under ``src`` in a fresh interpreter (JSON figures)."""
-    import os
-
-    env = dict(os.environ, PYTHONPATH=str(src))
-    proc = subprocess.run([sys.executable, "-c", _THROUGHPUT_CHILD, data_dir, str(out), str(iters), str(gi)],
-                          cwd=str(src), env=env, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        raise RuntimeError(f"throughput run of {src} failed: {tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_in_tree(src, ["-c", _THROUGHPUT_CHILD, data_dir, str(out), str(iters), str(gi)], "throughput run")
 
 
 def bench_throughput(tmp: Path, quick: bool = False, data_dir: str | None = None,
@@ -232,6 +247,10 @@ def bench_throughput(tmp: Path, quick: bool = False, data_dir: str | None = None
     hits both; the ratio new/old of the median seconds per global iteration
     is reported, with whether the two gave the same accuracy and loss bit
     for bit.
+
+    Raises:
+        ConfigError: ``against`` is not a commit of this checkout.
+        RuntimeError: a run failed (its last error line).
     """
     from simulation.engine import run_inprocess
 
@@ -364,9 +383,7 @@ def run_benchmarks(names: list[str], quick: bool = False, data_dir: str | None =
                 from simulation import bench_summary
 
                 if against is None:
-                    from fl_app.errors import ConfigError
-
-                    raise ConfigError("bench summary needs --against REV (the revision to compare with)")
+                    raise ValueError("bench summary needs against=REV")
                 results[name] = bench_summary.run(tmp, against, quick, data_dir)
             print(json.dumps(results[name], indent=2, default=str), flush=True)
             if name == "summary":

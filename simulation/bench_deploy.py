@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_app.errors import ConfigError
-from simulation.deploy import Deployment, DeployError, _wait_for, deploy, parse_deploy_args
+from simulation.deploy import (Deployment, DeployError, _coerce_opt, _wait_for, deploy, fresh_run_dir,
+                               parse_deploy_args)
 
 BENCH_DEFAULTS: dict[str, Any] = {"fast": "both", "exchanges": 10, "tls": "true", "auth": "true", "run-dir": "",
                                   "batch-size": 32}
@@ -134,7 +135,11 @@ def echo_exchange(run_dir: Path, *, exchanges: int, floats: int, tls: bool, auth
 
 def split_exchange(run_dir: Path, *, exchanges: int, batch_size: int, tls: bool, auth: bool,
                    fast: bool) -> tuple[float, int, dict[str, Any]]:
-    """Mean seconds per split exchange (splitfed-v1, one SuperNode); returns (seconds, exchanges, summary)."""
+    """Mean wall seconds per split exchange (splitfed-v1, one SuperNode); returns (seconds, exchanges, summary).
+
+    Raises:
+        ConfigError: bad options; DeployError: the deployment failed (see :func:`simulation.deploy.deploy`).
+    """
     local = max(1, exchanges // 2)  # a local iteration is a forward and a backward exchange
     options = parse_deploy_args({
         "nodes": "1", "tls": str(tls), "auth": str(auth), "fast": str(fast), "run-dir": str(run_dir),
@@ -142,7 +147,8 @@ def split_exchange(run_dir: Path, *, exchanges: int, batch_size: int, tls: bool,
         "global-iterations": "1", "local-iterations": str(local), "batch-size": str(batch_size),
     })
     summary = deploy(options, quiet=True)
-    rows = list(csv.DictReader((run_dir / "out" / "metrics.csv").open()))
+    with open(run_dir / "out" / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
     n = int(rows[-1]["exchanges"])
     seconds = (float(rows[-1]["wall_time_s"]) - float(rows[0]["wall_time_s"])) / max(n, 1)
     return seconds, n, summary
@@ -169,11 +175,8 @@ def run_bench(pairs: Mapping[str, str]) -> dict[str, Any]:
         raise ConfigError("exchanges and batch-size must be integers") from None
     if exchanges < 2 or batch < 1:
         raise ConfigError("exchanges must be >= 2 and batch-size >= 1")
-    tls = str(opts["tls"]).lower() == "true"
-    auth = str(opts["auth"]).lower() == "true"
-    root = Path(opts["run-dir"] or f"runs/deploy-bench-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    if root.exists() and any(root.iterdir()):
-        raise ConfigError(f"run-dir '{root}' exists and is not empty")
+    tls, auth = _coerce_opt("tls", opts["tls"]), _coerce_opt("auth", opts["auth"])
+    root = fresh_run_dir(opts["run-dir"], f"runs/deploy-bench-{time.strftime('%Y%m%d-%H%M%S')}")
     floats = batch * 64 * 7 * 7  # AlexNet (MNIST) activation at the default cut
     results: dict[str, Any] = {"exchanges": exchanges, "batch_size": batch, "payload_bytes": floats * 4,
                                "tls": tls, "auth": auth, "settings": {}}

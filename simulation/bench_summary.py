@@ -26,12 +26,11 @@ run (this machine is shared and noisy: compare within one run only).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from simulation.bench import SMALL_ENGINE_RUN, run_in_tree
 
 _ENGINE_CHILD = r"""
 import json, sys, time
@@ -61,30 +60,11 @@ r = bench_generation.run(updates=6, warmup=20, baseline_updates=1)
 print(json.dumps({"ours_full_s": r["ours_full_s"], "straightforward_s": r["straightforward_s"]}))
 """
 
-#: The short run where the engines' fixed costs dominate (as ``sflower bench engine``'s ``small``).
-SMALL = dict(strategy="gas", dataset="mnist-5k", num_clients=4, concurrency=2, partition="iid",
-             global_iterations=1, local_iterations=10, eval_every=0)
-
-
-def _child(src: Path, args: list[str], what: str) -> dict[str, Any]:
-    """Run ``python args...`` with ``src`` first on the path (cwd ``src``); the JSON of its last stdout line.
-
-    Raises:
-        RuntimeError: the child failed (its last stderr line).
-    """
-    env = dict(os.environ, PYTHONPATH=str(src))
-    proc = subprocess.run([sys.executable, *args], cwd=str(src), env=env, capture_output=True, text=True,
-                          check=False)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"{what} of {src} failed: {tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
 
 def _ray_ratio(src: Path, cfg: dict[str, Any], cpus: int) -> dict[str, Any]:
     """In-process and Ray (``cpus`` CPUs) runs of ``cfg`` in ``src``; their run walls and ratio."""
-    ins = _child(src, ["-c", _ENGINE_CHILD, json.dumps(cfg), "inprocess"], "in-process run")
-    ray = _child(src, ["-c", _ENGINE_CHILD, json.dumps(cfg), f"ray-{cpus}"], "Ray run")
+    ins = run_in_tree(src, ["-c", _ENGINE_CHILD, json.dumps(cfg), "inprocess"], "in-process run")
+    ray = run_in_tree(src, ["-c", _ENGINE_CHILD, json.dumps(cfg), f"ray-{cpus}"], "Ray run")
     return {"inprocess_s": ins["wall_s_run"], "ray_s": ray["wall_s_run"],
             "ray_over_inprocess": ray["wall_s_run"] / ins["wall_s_run"],
             "same_accuracy": ins["final_accuracy"] == ray["final_accuracy"]}
@@ -92,16 +72,10 @@ def _ray_ratio(src: Path, cfg: dict[str, Any], cpus: int) -> dict[str, Any]:
 
 def _main_job(src: Path, out: Path) -> dict[str, Any]:
     """``sflower run`` with no arguments in ``src``: wall seconds of the command and final accuracy."""
-    code = ("import sys; from simulation.cli import main; "
-            f"sys.exit(main(['run', 'output-dir={out}']))")
-    env = dict(os.environ, PYTHONPATH=str(src))
+    code = f"import sys; from simulation.cli import main; sys.exit(main(['run', 'output-dir={out}']))"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code], cwd=str(src), env=env, capture_output=True, text=True,
-                          check=False)
+    run_in_tree(src, ["-c", code], "main job")
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"main job of {src} failed: {tail}")
     summary = json.loads((out / "summary.json").read_text())
     return {"wall_s": wall, "final_accuracy": summary["final_accuracy"],
             "global_iterations": summary["global_iterations"]}
@@ -132,10 +106,10 @@ def run(tmp: Path, against: str, quick: bool = False, data_dir: str | None = Non
         out[side]["s_per_global_iteration"] = thr[side]["s_per_global_iteration"]
     out["throughput_same_accuracy_and_loss_bitwise"] = thr["same_accuracy_and_loss_bitwise"]
     for side, src in sides.items():
-        out[side]["ray_small"] = _ray_ratio(src, SMALL, 2)
+        out[side]["ray_small"] = _ray_ratio(src, SMALL_ENGINE_RUN, 2)
         if not quick:
             out[side]["ray_realistic"] = _ray_ratio(src, realistic, 2)
-        out[side]["generation"] = _child(src, ["-c", _GENERATION_CHILD], "generation benchmark")
+        out[side]["generation"] = run_in_tree(src, ["-c", _GENERATION_CHILD], "generation benchmark")
     memory = run_memory(against=against, quick=quick)
     out["statistics_case"] = {k: memory[k] for k in ("dim", "labels", "seen_per_label")}
     for side in sides:

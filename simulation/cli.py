@@ -51,6 +51,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     engine_options = pop_engine_options(engine, pairs)  # ray-address, ray-cpus, ray-gpus
     resume = pairs.pop("resume", None)
     if resume is not None:
+        if engine != "inprocess":
+            raise ConfigError(CHECKPOINT_UNSUPPORTED)
         if not resume:
             raise ConfigError("resume needs a run directory: resume=RUN_DIR")
         run_dir = Path(resume)
@@ -66,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                   f"the checkpoint's {key}={saved.get(key)!r} (give only checkpoint-every, or nothing)")
         pairs = {**saved, "checkpoint-every": given["checkpoint-every"], "output-dir": str(run_dir)}
     cfg = RunConfig.from_mapping(pairs)
-    if engine != "inprocess" and (cfg.checkpoint_every or resume is not None):
+    if engine != "inprocess" and cfg.checkpoint_every:
         raise ConfigError(CHECKPOINT_UNSUPPORTED)
     plan = plan_run(cfg)
     if resume is not None:
@@ -194,7 +196,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         raise ConfigError(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(BENCHMARKS)}")
-    run_benchmarks(names, quick=args.quick, data_dir=args.data_dir, against=args.against)
+    if "summary" in names and args.against is None:
+        raise ConfigError("bench summary needs --against REV (the revision to compare with)")
+    try:
+        run_benchmarks(names, quick=args.quick, data_dir=args.data_dir, against=args.against)
+    except RuntimeError as err:  # a benchmark's run failed (its child's last error line)
+        print(f"sflower: bench failed: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -50,7 +50,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,7 +155,11 @@ def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
         raise ConfigError("deploy writes the outputs to RUN_DIR/out; set run-dir=DIR instead of output-dir")
     run_pairs.setdefault("num-clients", nodes + intruders)
     if "concurrency" not in run_pairs:
-        run_pairs["concurrency"] = min(int(DEFAULTS["concurrency"]), int(str(run_pairs["num-clients"]).strip() or 0))
+        try:
+            clients = int(str(run_pairs["num-clients"]).strip() or 0)
+        except ValueError:
+            raise ConfigError(f"num-clients must be an integer, got {run_pairs['num-clients']!r}") from None
+        run_pairs["concurrency"] = min(int(DEFAULTS["concurrency"]), clients)
     run_pairs.setdefault("clock", "wall")
     if intruders:
         run_pairs.setdefault("min-clients", nodes)
@@ -166,6 +170,18 @@ def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
     if not -1 <= opts["kill-node"] < nodes:
         raise ConfigError(f"kill-node must be a node's partition id 0..{nodes - 1} (or -1), got {opts['kill-node']}")
     return DeployOptions(opts, run_pairs, cfg)
+
+
+def fresh_run_dir(given: str, default: str) -> Path:
+    """The absolute run directory: ``given``, or ``default`` when empty.
+
+    Raises:
+        ConfigError: it exists and is a file, or a directory that is not empty.
+    """
+    run_dir = Path(given or default).resolve()
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise ConfigError(f"run-dir '{run_dir}' exists and is not an empty directory")
+    return run_dir
 
 
 def _coerce_opt(key: str, value: Any) -> Any:
@@ -218,11 +234,11 @@ def make_node_key(key_dir: Path, name: str, log_file: Path) -> tuple[Path, Path]
     if shutil.which("ssh-keygen") is None:
         raise DeployError("ssh-keygen is not installed (needed for the SuperNode keys; or pass auth=false)")
     key_dir.mkdir(parents=True, exist_ok=True)
-    key = key_dir / name
-    for path in (key, key.with_suffix(".pub")):
+    key, pub = key_dir / name, key_dir / f"{name}.pub"
+    for path in (key, pub):
         path.unlink(missing_ok=True)
     _run_logged(SSH_KEYGEN_COMMAND.format(name=name, key=key), log_file, "ssh-keygen")
-    return key, Path(f"{key}.pub")
+    return key, pub
 
 
 def _run_logged(command: str, log_file: Path, what: str, env: Mapping[str, str] | None = None,
@@ -326,7 +342,11 @@ class Processes:
 
     def start(self, name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str],
               cwd: Path | None = None) -> Proc:
-        """Start ``argv`` in a new session with stdout and stderr to ``log_path``."""
+        """Start ``argv`` in a new session with stdout and stderr to ``log_path``.
+
+        Raises:
+            OSError: ``argv[0]`` cannot be executed.
+        """
         log_path.parent.mkdir(parents=True, exist_ok=True)
         fh = log_path.open("ab")
         fh.write(f"$ {' '.join(argv)}\n".encode())
@@ -431,7 +451,6 @@ class NodeSpec:
     pid: int
     data_dir: Path
     key: Path | None
-    pub: Path | None
     port: int
     authorised: bool = True
     proc: Proc | None = None
@@ -550,12 +569,16 @@ class Deployment:
             if authorised:
                 _run_logged(f"{_exe('flwr')} supernode register {pub} {CONNECTION}",
                             self.logs / "register.log", f"registering node {pid}", env=self.env())
-        spec = NodeSpec(pid, Path(data_dir).resolve(), key, pub, free_port(), authorised)
+        spec = NodeSpec(pid, Path(data_dir).resolve(), key, free_port(), authorised)
         self.nodes.append(spec)
         return spec
 
     def start_node(self, spec: NodeSpec, num_partitions: int) -> Proc:
-        """Start (or restart) one SuperNode with its own data dir, partition id, key and TLS root."""
+        """Start (or restart) one SuperNode with its own data dir, partition id, key and TLS root.
+
+        Raises:
+            DeployError: ``flower-supernode`` is not installed.
+        """
         node_config = f'data-dir="{spec.data_dir}" partition-id={spec.pid} num-partitions={num_partitions}'
         args = ["--superlink", f"127.0.0.1:{self.port}", "--port", str(spec.port), "--node-config", node_config,
                 "--isolation", self.isolation]
@@ -579,7 +602,11 @@ class Deployment:
         return spec.proc
 
     def run_app(self, run_config: Mapping[str, Any], app_dir: Path = APP_DIR) -> Proc:
-        """``flwr run APP sflower-deploy --run-config RUN_DIR/run-config.toml --stream`` in the background."""
+        """``flwr run APP sflower-deploy --run-config RUN_DIR/run-config.toml --stream`` in the background.
+
+        Raises:
+            DeployError: ``flwr`` is not installed.
+        """
         import tomli_w
 
         path = self.run_dir / "run-config.toml"
@@ -588,12 +615,15 @@ class Deployment:
         return self.processes.start("flwr-run", argv, self.logs / "flwr-run.log", self.env(), cwd=app_dir)
 
 
-def _exe(name: str) -> str:
-    """The path of a Flower console script (next to this Python first, then on PATH)."""
+def _find_exe(name: str) -> str | None:
+    """The path of a Flower console script (next to this Python first, then on PATH), or None."""
     here = Path(sys.executable).parent / name
-    if here.exists():
-        return str(here)
-    found = shutil.which(name)
+    return str(here) if here.exists() else shutil.which(name)
+
+
+def _exe(name: str) -> str:
+    """:func:`_find_exe`, or DeployError when the script is not installed."""
+    found = _find_exe(name)
     if found is None:
         raise DeployError(f"'{name}' not found: install flwr 1.41 (pip install 'flwr[simulation]==1.41.0')")
     return found
@@ -601,8 +631,7 @@ def _exe(name: str) -> str:
 
 def flower_binaries_missing() -> list[str]:
     """The Flower console scripts a deployment needs that are not installed (empty: all there)."""
-    return [n for n in ("flower-superlink", "flower-supernode", "flower-superexec", "flwr")
-            if not (Path(sys.executable).parent / n).exists() and shutil.which(n) is None]
+    return [n for n in ("flower-superlink", "flower-supernode", "flower-superexec", "flwr") if _find_exe(n) is None]
 
 
 def _wait_for(check: Any, timeout: float, what: str, alive: Sequence[Proc] = (), poll: float = 0.2) -> None:
@@ -649,9 +678,7 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
     o, cfg = options.opts, options.cfg
     plan_run(cfg)  # one-line errors before anything starts
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(o["run-dir"] or f"runs/deploy-{cfg.strategy}-{stamp}").resolve()
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"run-dir '{run_dir}' exists and is not empty")
+    run_dir = fresh_run_dir(o["run-dir"], f"runs/deploy-{cfg.strategy}-{stamp}")
     out_dir = run_dir / "out"
     say = (lambda *a: None) if quiet else (lambda msg: print(f"[deploy] {msg}", flush=True))
     nodes, intruders = o["nodes"], o["intruders"]
@@ -672,12 +699,12 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
         killed_at = restarted_at = None
         deadline = t_run + o["timeout"]
         first_row_at = None
+        victim = specs[o["kill-node"]] if o["kill-node"] >= 0 else None
         while not summary_path.exists():
             dep.processes.refresh()
             now = time.monotonic()
             if first_row_at is None and _metric_rows(out_dir / "metrics.csv") >= 1:
                 first_row_at = now
-            victim = specs[o["kill-node"]] if o["kill-node"] >= 0 else None
             if victim is not None and killed_at is None and first_row_at is not None \
                     and now - first_row_at >= o["kill-after"]:
                 dep.processes.kill(victim.proc)
@@ -693,7 +720,8 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
                                   f"see {dep.superlink.log_path}")
             if not runner.alive():
                 # `flwr run --stream` returns when the run ends; give the summary a moment to land
-                _wait_quiet(lambda: summary_path.exists(), 10.0)
+                with suppress(DeployError):
+                    _wait_for(summary_path.exists, 10.0, "summary.json")
                 if not summary_path.exists():
                     raise DeployError(f"the run ended without summary.json (flwr run exit {runner.popen.returncode});"
                                       f" see {runner.log_path} and {dep.logs}")
@@ -719,12 +747,6 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
     if not str(summary.get("status", "")).startswith("completed"):
         raise DeployError(f"the run ended with status '{summary.get('status')}'; outputs in {out_dir}")
     return summary
-
-
-def _wait_quiet(check: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not check() and time.monotonic() < deadline:
-        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------------------- fast SuperNode launcher

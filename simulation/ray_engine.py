@@ -131,18 +131,19 @@ class RayClientApp(ClientApp):
         super().__init__()
         self.app = app
         self.task_ref = task_ref
+        self._task_id = task_ref.hex() if task_ref is not None else None
         self.log = log
 
     def __call__(self, message: Message, context: Context) -> Message:
         """Run ``message`` through the wrapped app (after the per-process set-up)."""
         import ray
 
-        if self.task_ref is not None and _PROCESS.get("task") != self.task_ref.hex():
+        if self.task_ref is not None and _PROCESS.get("task") != self._task_id:
             cfg, task = ray.get(self.task_ref)
             from fl_app.task import preload_task
 
             preload_task(cfg, task)
-            _PROCESS["task"] = self.task_ref.hex()
+            _PROCESS["task"] = self._task_id
             threading.Thread(target=_warm_up, name="sflower-warm-up", daemon=True).start()
         start = time.time()
         try:
@@ -234,8 +235,6 @@ def _init_ray(address: str | None, num_cpus: int) -> float:
     Raises:
         ConfigError: the cluster cannot be joined (one line).
     """
-    import logging
-
     import ray
 
     pythonpath = os.pathsep.join(sys.path)
@@ -390,7 +389,6 @@ def run_ray(plan: RunPlan, *, progress: bool = True, num_cpus: int | None = None
     """
     import dataclasses
     import json
-    import logging
 
     if address is not None:
         address = check_ray_address(address)
@@ -431,8 +429,8 @@ def run_ray(plan: RunPlan, *, progress: bool = True, num_cpus: int | None = None
             server_app=make_server_app(plan, progress=progress, wake=wake, finish=collect),
             client_app=RayClientApp(client_app, task_ref, log),
             num_supernodes=plan.cfg.num_clients,
-            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": float(num_gpus)},
-                            "init_args": {"num_cpus": cpus, "include_dashboard": False, "log_to_driver": False}},
+            # Ray is already initialised (above), so Flower's backend takes it as it is: no init_args
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": float(num_gpus)}},
         )
     if not summary_path.exists():
         raise RuntimeError("the Ray simulation ended without writing summary.json; see the log above")

@@ -153,6 +153,9 @@ class SFLStrategy(Strategy):
         #: global iteration of the last checkpoint written or resumed from
         self._checkpointed = 0
         self._resumed = False
+        #: wall clock (monotonic s) of :meth:`readmit`'s last look, and the nodes it asked and refused
+        self._readmit_looked = 0.0
+        self._readmit_refused: set[int] = set()
         self._run_start = 0.0
 
     # ------------------------------------------------------------------ Flower API
@@ -346,10 +349,8 @@ class SFLStrategy(Strategy):
                 raise RunFailedError(f"only {len(node_ids)} of {need} nodes connected after {wait:.0f} s")
             time.sleep(0.2)
             node_ids = list(grid.get_node_ids())
-        task_record = ConfigRecord({k: v for k, v in self.cfg.as_dict().items()})
         unassigned: list[int] = []
-        for nid, info in self._handshake(grid, {nid: RecordDict({P.TASK: task_record}) for nid in node_ids},
-                                         t0, timeout, meanwhile):
+        for nid, info in self._handshake(grid, self._task_contents(node_ids), t0, timeout, meanwhile):
             if int(info[P.INFO_PARTITION_ID]) < 0:  # device-local data and no partition-id: assign one below
                 unassigned.append(nid)
             else:
@@ -362,8 +363,9 @@ class SFLStrategy(Strategy):
             for nid in unassigned[len(free):]:
                 log.warning("node %d left out: all %d partition ids are taken", nid, need)
             assigned = dict(zip(unassigned, free))
-            contents = {nid: RecordDict({P.TASK: task_record, P.INFO: ConfigRecord({P.INFO_PARTITION_ID: pid})})
-                        for nid, pid in assigned.items()}
+            contents = self._task_contents(assigned)
+            for nid, pid in assigned.items():
+                contents[nid][P.INFO] = ConfigRecord({P.INFO_PARTITION_ID: pid})
             for nid, info in self._handshake(grid, contents, t0, timeout):
                 if int(info[P.INFO_PARTITION_ID]) != assigned[nid]:
                     raise RunFailedError(f"node {nid} did not take partition id {assigned[nid]} "
@@ -377,8 +379,17 @@ class SFLStrategy(Strategy):
             self.failure_reasons[p] = "query.info: no node joined"
         if missing:
             log.warning("no node holds partitions %s; the run goes on with %d clients", missing, len(self.clients))
-        self.dispatcher = Dispatcher(grid, self.clock, {p: c.node_id for p, c in self.clients.items()},
-                                     timeout=self.cfg.node_timeout)
+        self.dispatcher = self._new_dispatcher(grid)
+
+    def _new_dispatcher(self, grid: Grid) -> Dispatcher:
+        """A dispatcher on ``grid`` for the registered clients' nodes."""
+        return Dispatcher(grid, self.clock, {p: c.node_id for p, c in self.clients.items()},
+                          timeout=self.cfg.node_timeout)
+
+    def _task_contents(self, node_ids: Iterable[int]) -> dict[int, RecordDict]:
+        """The ``query.info`` content for each of ``node_ids``: the run's configuration (the task)."""
+        task_record = ConfigRecord(self.cfg.as_dict())
+        return {nid: RecordDict({P.TASK: task_record}) for nid in node_ids}
 
     @staticmethod
     def _handshake(grid: Grid, contents: Mapping[int, RecordDict], t0: float, timeout: float,
@@ -442,7 +453,6 @@ class SFLStrategy(Strategy):
 
     #: wall seconds between two looks for excluded SuperNodes that came back (:meth:`readmit`)
     readmit_every_s: ClassVar[float] = 5.0
-    _readmit_looked: float = 0.0
 
     def readmit(self) -> list[int]:
         """Re-admit excluded clients whose SuperNode came back, after a fresh handshake (wall clock only).
@@ -453,7 +463,8 @@ class SFLStrategy(Strategy):
         with the same key keeps its id) or a new one. A node that replies with
         that partition id, the same size and the same label histogram takes the
         partition again, and ``failure_reasons`` notes it. Other exclusions
-        (malformed or non-finite replies, ClientApp errors, timeouts) are final.
+        (malformed or non-finite replies, ClientApp errors, timeouts) are final:
+        their nodes are not asked, nor is a node that answered and was refused.
         Does nothing on the virtual clock, so simulated runs are unchanged. Looks
         at most every :attr:`readmit_every_s` seconds; a failed handshake is
         logged and skipped.
@@ -468,14 +479,14 @@ class SFLStrategy(Strategy):
             return []
         self._readmit_looked = time.monotonic()
         grid = self.dispatcher.grid
-        in_use = {self.clients[p].node_id for p in self.live_clients()}
-        fresh = [n for n in grid.get_node_ids() if n not in in_use]
+        # the nodes of live clients and of clients excluded for good are never asked; nor is a node once refused
+        taken = {c.node_id for p, c in self.clients.items() if p not in gone} | self._readmit_refused
+        fresh = [n for n in grid.get_node_ids() if n not in taken]
         if not fresh:
             return []
-        task_record = ConfigRecord({k: v for k, v in self.cfg.as_dict().items()})
         try:
-            answers = self._handshake(grid, {n: RecordDict({P.TASK: task_record}) for n in fresh},
-                                      time.monotonic(), min(self.cfg.node_timeout, 120.0))
+            answers = self._handshake(grid, self._task_contents(fresh), time.monotonic(),
+                                      min(self.cfg.node_timeout, 120.0))
         except RunFailedError as err:
             log.warning("re-admission handshake failed (%s); will look again", err)
             return []
@@ -484,10 +495,12 @@ class SFLStrategy(Strategy):
             pid = int(info[P.INFO_PARTITION_ID])
             old = self.clients.get(pid)
             if pid not in gone or old is None or pid in back:
+                self._readmit_refused.add(nid)
                 continue
             hist = np.asarray(info.get(P.INFO_LABEL_HISTOGRAM, []), dtype=np.int64)
             if info.get(P.INFO_NUM_EXAMPLES) != old.num_examples or not np.array_equal(hist, old.label_histogram):
                 log.warning("node %d claims partition %d with other data; not re-admitted", nid, pid)
+                self._readmit_refused.add(nid)
                 continue
             self.clients[pid] = ClientInfo(pid, nid, old.num_examples, old.label_histogram)
             self.dispatcher.node_of[pid] = nid
@@ -848,6 +861,11 @@ class SFLStrategy(Strategy):
         if every and self.checkpoint_path is not None and self.global_iteration >= self._checkpointed + every:
             self.write_checkpoint(self.checkpoint_path)
 
+    def between_rounds(self) -> None:
+        """What a round-based loop does before each round: :meth:`maybe_checkpoint`, then :meth:`readmit`."""
+        self.maybe_checkpoint()
+        self.readmit()
+
     def _environment(self, grid: Grid) -> dict[str, Any]:
         """The run's objects that a checkpoint refers to by name instead of writing them (see :mod:`strategies.checkpoint`)."""
         env = {"strategy": self, "cfg": self.cfg, "task": self.task, "clock": self.clock, "timing": self.timing,
@@ -918,8 +936,7 @@ class SFLStrategy(Strategy):
         except ValueError as err:
             raise ckpt.CheckpointError(f"{path}: {err}") from None
         self.load_checkpoint_state(state["strategy"])
-        self.dispatcher = Dispatcher(grid, self.clock, {p: c.node_id for p, c in self.clients.items()},
-                                     timeout=self.cfg.node_timeout)
+        self.dispatcher = self._new_dispatcher(grid)
         self.dispatcher.load_state_dict(state["dispatcher"])
         self.clock.resume_at(float(state["clock"]))
         ckpt.set_rng_state(state["rng"])
@@ -967,8 +984,7 @@ class SyncStrategy(SFLStrategy):
     def run(self) -> None:
         """Rounds until a stop condition holds."""
         while not self.should_stop():
-            self.maybe_checkpoint()
-            self.readmit()
+            self.between_rounds()
             cohort = self.select(self.cfg.concurrency)
             if not cohort:
                 raise RunFailedError("no live clients left to select")

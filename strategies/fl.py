@@ -66,7 +66,7 @@ class FedAvg(FullModelMixin, SyncStrategy):
         start = P.state_record(self.model.state_dict())
         replies = self.gather({pid: self.fit_request(start) for pid in cohort})
         if replies:
-            states = {p: P.record_state(c.array_records[P.WEIGHTS]) for p, c in replies.items()}
+            states = {p: P.record_state(P.array_of(c, P.WEIGHTS)) for p, c in replies.items()}
             self.model.load_state_dict(average_uploads(states, self.aggregation_weight))
         self.server_updates += 1
 
@@ -105,7 +105,7 @@ class BufferedFL(FullModelMixin, AsyncStrategy):
         """Buffer ``Δ_k = w_k − w_start``; flush K updates into the global model."""
         pid = reply.pid
         v0 = self.started.pop(pid)
-        new = P.record_state(reply.content.array_records[P.WEIGHTS])
+        new = P.record_state(P.array_of(reply.content, P.WEIGHTS))
         self.buffer.append((pid, state_delta(new, self.snapshots[v0][0]), self.version - v0))
         self._forget_snapshots()
         if len(self.buffer) >= self.k:

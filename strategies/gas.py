@@ -128,9 +128,9 @@ class GAS(SplitMixin, AsyncStrategy):
 
     def on_reply(self, reply: Reply) -> None:
         """Activations: answer with G_k and buffer them. Weights: model buffer."""
-        if P.ACTIVATIONS in reply.content.array_records:
+        if P.get_array(reply.content, P.ACTIVATIONS) is not None:
             self.on_activations(reply.pid, *self.smashed_of(reply.pid, reply.content))
-        elif P.WEIGHTS in reply.content.array_records:
+        elif P.get_array(reply.content, P.WEIGHTS) is not None:
             self.on_upload(reply.pid, *self.weights_of(reply.content))
             self.refill()
 

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from fl_app.config import Option
+from fl_app.device import to_device
 from fl_app.zo import STREAM_ZO_SERVER, perturbed_outputs, spsa_gradient, zo_seed
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.registry import register
@@ -56,7 +57,7 @@ def zo_server_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seeds: li
     norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
     factor = min(1.0, clip_norm / (norm + 1e-6)) if clip_norm > 0 else 1.0
     for p, g in zip(params, grads):
-        p.sub_(g if g.device == p.device else g.to(p.device), alpha=lr * factor)
+        p.sub_(to_device(g, p.device), alpha=lr * factor)
     return loss
 
 

@@ -331,7 +331,7 @@ class RingSFL(SFLStrategy):
     def run(self) -> None:
         """Rounds of the whole live ring until a stop condition holds."""
         while not self.should_stop():
-            self.maybe_checkpoint()
+            self.between_rounds()
             self.run_round()
             self.end_global_iteration()
 

@@ -247,12 +247,12 @@ class SplitMixin(SFLStrategy):
 
     def activations_of(self, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
         """``(activations [B, ...] float32, labels [B] int64)`` of a forward reply, on :attr:`device`."""
-        return (self.on_device(P.record_tensor(content.array_records[P.ACTIVATIONS], "x")),
-                self.on_device(P.record_tensor(content.array_records[P.LABELS], "y")))
+        return (self.on_device(P.record_tensor(P.array_of(content, P.ACTIVATIONS), "x")),
+                self.on_device(P.record_tensor(P.array_of(content, P.LABELS), "y")))
 
     def perturbed_of(self, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
         """``(h⁺ [P, B, ...], h⁻ [P, B, ...])`` of a ``train.zo_forward`` reply, on :attr:`device`."""
-        record = P.record_state(content.array_records[P.PERTURBED])
+        record = P.record_state(P.array_of(content, P.PERTURBED))
         return self.on_device(record["plus"]), self.on_device(record["minus"])
 
     def feedback(self, model: nn.Module, labels: torch.Tensor, grad: torch.Tensor, pid: int,
@@ -273,7 +273,7 @@ class SplitMixin(SFLStrategy):
     @staticmethod
     def weights_of(content: RecordDict) -> tuple[dict[str, torch.Tensor], int]:
         """``(state_dict, num_examples)`` of a weights reply."""
-        return (P.record_state(content.array_records[P.WEIGHTS]),
+        return (P.record_state(P.array_of(content, P.WEIGHTS)),
                 int(content.config_records[P.INFO][P.INFO_NUM_EXAMPLES]))
 
 

@@ -9,7 +9,6 @@ needed for the certificates and keys) are missing.
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
 from simulation.deploy import flower_binaries_missing, parse_deploy_args
+from tests.conftest import read_metrics
 
 MISSING = flower_binaries_missing() + [t for t in ("openssl", "ssh-keygen") if shutil.which(t) is None]
 needs_flower = pytest.mark.skipif(bool(MISSING), reason=f"deployment needs {', '.join(MISSING)} (not installed)")
@@ -52,7 +52,7 @@ def _no_process_left(run_dir: Path) -> list[str]:
 def _check_outputs(summary: dict, run_dir: Path, clients: int) -> list[dict]:
     out = run_dir / "out"
     assert summary["status"] == "completed"
-    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    rows = read_metrics(out / "metrics.csv")
     assert [int(r["global_iteration"]) for r in rows] == [0, 1]
     assert int(rows[-1]["exchanges"]) > 0 and int(rows[-1]["bytes_up"]) > 0
     assert 0.0 <= float(rows[-1]["test_accuracy"]) <= 1.0
@@ -81,7 +81,8 @@ def test_splitfed_v1_three_supernodes_tls_auth(tmp_path: Path) -> None:
 
 @needs_flower
 def test_gas_with_an_unauthorised_supernode(tmp_path: Path) -> None:
-    summary, run_dir = _deploy(tmp_path, nodes="3", intruders="1", strategy="gas", **{"join-timeout": "10"})
+    summary, run_dir = _deploy(tmp_path, nodes="3", intruders="1", strategy="gas",
+                               **{"join-timeout": "20"})  # room for 3 SuperNodes to join on a loaded machine
     _check_outputs(summary, run_dir, 3)
     # node 3's key was never registered: Flower refused it, and the run went on with nodes 0-2
     assert summary["deploy"]["refused_nodes"].get("3", 0) != 0
@@ -108,10 +109,12 @@ def test_min_clients_checks() -> None:
         RunConfig.from_mapping({"join-timeout": -1})
 
 
-def _run_with_dead_node(clock: str, monkeypatch: pytest.MonkeyPatch):
-    """GAS on an in-process grid where client 1's first train.forward gets the SuperLink's
-    "Node Unavailable" error reply (its SuperNode died); the node itself stays connected, as a
-    SuperNode restarted with the same key does."""
+def _run_with_dead_node(clock: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """GAS on an in-process grid where client 2's first train.forward gets a ClientApp error
+    (excluded for good), then client 1's first train.backward the SuperLink's "Node Unavailable"
+    error reply (its SuperNode died; the node itself stays connected, as a SuperNode restarted with
+    the same key does). Returns the summary and the number of ``query.info`` messages each
+    client's node got."""
     from flwr.app import Error, Message
 
     from fl_app.client_app import app
@@ -122,34 +125,41 @@ def _run_with_dead_node(clock: str, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(SFLStrategy, "readmit_every_s", 0.0)
     reason = "Error: Node Unavailable — The destination node failed to report a heartbeat within 2 × its interval."
 
-    class DeadOnce(InProcessGrid):
-        hit = False
+    failures = {(2, "train.forward"): "ClientAppException: boom", (1, "train.backward"): reason}
+    handshakes = {0: 0, 1: 0, 2: 0}
 
+    class DeadOnce(InProcessGrid):
         def push_messages(self, messages):
             messages = list(messages)
             ids = list(super().push_messages(messages))
             for msg, mid in zip(messages, ids):
                 pid = int(self.contexts[msg.metadata.dst_node_id].node_config["partition-id"])
-                if pid == 1 and msg.metadata.message_type == "train.forward" and not DeadOnce.hit:
-                    DeadOnce.hit = True
-                    self._replies[mid] = Message(Error(code=5, reason=reason), reply_to=msg)
+                if msg.metadata.message_type == "query.info":
+                    handshakes[pid] += 1
+                if (pid, msg.metadata.message_type) in failures:
+                    fail = failures.pop((pid, msg.metadata.message_type))
+                    self._replies[mid] = Message(Error(code=5, reason=fail), reply_to=msg)
             return ids
 
     cfg = RunConfig.from_mapping({"strategy": "gas", "num-clients": 3, "concurrency": 3, "global-iterations": 3,
-                                  "local-iterations": 1, "clock": clock, "eval-every": 3})
+                                  "local-iterations": 1, "clock": clock, "eval-every": 3,
+                                  "output-dir": str(tmp_path)})
     grid = DeadOnce(app, 3, cfg.seed)
     with _task_identity(grid.run.run_id):
-        return run_server(grid, plan_run(cfg), progress=False)
+        return run_server(grid, plan_run(cfg), progress=False), handshakes
 
 
-def test_dead_supernode_is_readmitted_after_a_fresh_handshake(monkeypatch: pytest.MonkeyPatch) -> None:
-    summary = _run_with_dead_node("wall", monkeypatch)
-    assert summary["status"] == "completed" and summary["failed_clients"] == []
-    assert summary["failure_reasons"]["1"].startswith("train.forward: Error: Node Unavailable")
+def test_dead_supernode_is_readmitted_after_a_fresh_handshake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    summary, handshakes = _run_with_dead_node("wall", monkeypatch, tmp_path)
+    assert summary["status"] == "completed" and summary["failed_clients"] == [2]
+    assert summary["failure_reasons"]["1"].startswith("train.backward: Error: Node Unavailable")
     assert summary["failure_reasons"]["1"].endswith("re-admitted after a fresh handshake")
+    # only the dead node was asked again: not the live client's, not that of a client excluded for good
+    assert handshakes == {0: 1, 1: 2, 2: 1}
 
 
-def test_no_readmission_on_the_virtual_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    summary = _run_with_dead_node("virtual", monkeypatch)
-    assert summary["status"] == "completed" and summary["failed_clients"] == [1]
+def test_no_readmission_on_the_virtual_clock(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    summary, handshakes = _run_with_dead_node("virtual", monkeypatch, tmp_path)
+    assert summary["status"] == "completed" and summary["failed_clients"] == [1, 2]
     assert "re-admitted" not in summary["failure_reasons"]["1"]
+    assert handshakes == {0: 1, 1: 1, 2: 1}

@@ -150,21 +150,23 @@ def test_ray_matches_inprocess(tmp_path, strategy):
 # =============================================================================
 
 
-def test_ray_actors_get_the_drivers_task(tmp_path):
-    """The task the driver preloads is what a client's handshake record looks up (no reload in the actor)."""
+def test_a_preloaded_task_is_what_the_handshake_record_looks_up(tmp_path, monkeypatch):
+    """The task the Ray driver preloads in an actor (:func:`fl_app.task.preload_task`) is what a client's
+    handshake record looks up there, so the actor does not read and partition the dataset again."""
     import dataclasses
 
     from flwr.app import ConfigRecord
 
     from fl_app.config import RunConfig
     from fl_app.server_app import plan_run
+    from fl_app import task as task_module
     from fl_app.task import load_task, preload_task
 
     plan = plan_run(make_cfg(strategy="gas", num_clients=3, seed=5, output_dir=str(tmp_path / "p")))
     record = ConfigRecord(dict(plan.cfg.as_dict()))  # what the handshake carries (strategies.base.connect)
     client_cfg = RunConfig.from_mapping(dict(record.items()))
+    monkeypatch.setattr(task_module, "_PRELOADED", {})  # this process's preloads stay as they were
     shipped = dataclasses.replace(plan.task)
-    assert load_task(client_cfg) is not shipped
     preload_task(plan.cfg, shipped)
     assert load_task(client_cfg) is shipped
     other = plan_run(make_cfg(strategy="gas", num_clients=3, seed=6, output_dir=str(tmp_path / "q")))

@@ -129,17 +129,17 @@ def test_matches_paper_recursion_one_activation_at_a_time(factor_dtype, tol):
                                    rtol=tol, atol=tol * np.abs(sig).max())
 
 
-@pytest.mark.parametrize("factor_dtype,tol", [(torch.float64, 1e-11), (torch.float32, 1e-6)])
 @pytest.mark.parametrize("weighting", WEIGHTINGS)
-@pytest.mark.parametrize("covariance", ["full", "diagonal"])
+@pytest.mark.parametrize("covariance,factor_dtype,tol", [
+    ("full", torch.float64, 1e-11), ("full", torch.float32, 1e-6),
+    ("diagonal", torch.float64, 1e-11),  # diagonal statistics are float64 whatever factor_dtype says
+])
 def test_weighted_mean_and_covariance_over_all_updates(covariance, weighting, factor_dtype, tol):
     dim, classes = 4, 3
     # label 2 is left out of flushes 2-4, label 0 out of flush 5
     stream = _stream(7, classes, dim, seed=1,
                      skip=lambda n: [2] if 2 <= n <= 4 else ([0] if n == 5 else []))
     lg = LabelGaussians(classes, dim, covariance=covariance, weighting=weighting, factor_dtype=factor_dtype)
-    if covariance == "diagonal":  # float64 whatever factor_dtype says
-        tol = 1e-11
     for acts, labels in stream:
         lg.update(acts.reshape(-1, 1, 2, 2), labels)  # [N, ...] is flattened
     assert lg.num_updates == 7
@@ -391,7 +391,6 @@ def test_compact_storage_matches_straightforward_statistics_and_samples(factor_d
             assert [t.shape for t in st.L] == [(2, 2), (2, 4), (2, 6)]
             assert all(t.dtype == factor_dtype for t in st.L)
             assert st.K is None or st.K.dtype == factor_dtype
-            assert not hasattr(st, "G")
     assert (True, True) in checked and (False, True) in checked and lg.num_compressions >= 3
     # storage grows only with the labels seen: label 2 holds nothing
     assert not lg.has_stats(2) and lg._states[2].K is None and lg._states[2].L is None

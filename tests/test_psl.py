@@ -9,7 +9,6 @@ import torch
 from flwr.app import ConfigRecord
 from torch import nn
 
-from fl_app import protocol as P
 from tests.conftest import make_cfg
 
 OPT = dict(lr=0.05, momentum=0.9, weight_decay=0.001, clip_norm=5.0)

@@ -63,4 +63,5 @@ def test_run_on_a_two_node_cluster(two_node_cluster, tmp_path):
     for col in ("global_iteration", "server_updates", "virtual_time_s", "bytes_up", "bytes_down", "exchanges",
                 "test_accuracy", "test_loss"):
         assert [r[col] for r in rows_cluster] == [r[col] for r in rows_local], col
+    assert s_cluster["final_accuracy"] == s_local["final_accuracy"]
     assert float(rows_local[1]["test_loss"]) != float(rows_local[0]["test_loss"])  # training happened

@@ -7,14 +7,14 @@ import torch
 
 from fl_app.config import ConfigError, RunConfig
 from fl_app.device import check_device_name, model_device, resolve_device, to_device
-from fl_app.models import fixed_rng
 from fl_app.server_app import plan_run
 from simulation.engine import run_inprocess
 from strategies.base import RunFailedError
+from tests.conftest import make_cfg
 
 HAS_CUDA = torch.cuda.is_available()
-TINY = dict(dataset="mnist-5k", num_clients=3, concurrency=2, partition="iid", global_iterations=2,
-            local_iterations=2, eval_every=1, eval_samples=200, heterogeneity="none")
+#: this module's runs: conftest's TINY with 3 clients, 2 global iterations, each evaluated on 200 images
+SMALL = dict(num_clients=3, global_iterations=2, eval_every=1, eval_samples=200, heterogeneity="none")
 
 
 @pytest.mark.parametrize("name", ["gpu", "cuda:x", "cpu:0", "", "CUDA"])
@@ -32,7 +32,7 @@ def test_good_device_names_pass_the_spelling_check(name):
 def test_without_a_gpu_auto_is_cpu_and_cuda_is_refused_at_plan_time(tmp_path):
     assert resolve_device("auto") == torch.device("cpu")
     with pytest.raises(ConfigError, match="torch sees no GPU"):
-        plan_run(RunConfig.from_mapping({**_keys(TINY), "device": "cuda", "output-dir": str(tmp_path)}))
+        plan_run(make_cfg(**SMALL, device="cuda", output_dir=str(tmp_path)))
 
 
 def test_to_device_keeps_the_tensor_object_on_its_own_device():
@@ -42,33 +42,11 @@ def test_to_device_keeps_the_tensor_object_on_its_own_device():
     assert model_device(torch.nn.ReLU()) == torch.device("cpu")
 
 
-def test_fixed_rng_with_a_cpu_device_draws_what_it_draws_without():
-    with fixed_rng(7):
-        a = torch.rand(4)
-    with fixed_rng(7, torch.device("cpu")):
-        b = torch.rand(4)
-    assert torch.equal(a, b)
-
-
-def _keys(d: dict) -> dict:
-    return {k.replace("_", "-"): v for k, v in d.items()}
-
-
 def _run(tmp_path, name: str, node_configs=None, **keys):
-    cfg = RunConfig.from_mapping({**_keys(TINY), **_keys(keys), "output-dir": str(tmp_path / name)})
+    cfg = make_cfg(**{**SMALL, **keys}, output_dir=str(tmp_path / name))
     return run_inprocess(plan_run(cfg), progress=False, node_configs=node_configs)
 
 
-def test_device_cpu_gives_the_numbers_of_auto_on_this_machine(tmp_path):
-    if HAS_CUDA:
-        pytest.skip("auto is cuda here")
-    a = _run(tmp_path, "auto", strategy="splitfed-v1")
-    b = _run(tmp_path, "cpu", strategy="splitfed-v1", device="cpu")
-    assert a["final_accuracy"] == b["final_accuracy"]
-    assert (tmp_path / "auto" / "metrics.csv").read_text().count("\n") >= 3
-
-
-@pytest.mark.skipif(HAS_CUDA, reason="checks a node that asks for a GPU it does not have")
 def test_a_node_config_device_the_node_lacks_is_named_at_the_handshake(tmp_path):
     # node 1 asks for a GPU in its node_config: the handshake says which node and why, in one line
     nodes = [{"partition-id": i, "num-partitions": 3} for i in range(3)]
