@@ -67,8 +67,10 @@ DEFAULTS: dict[str, Any] = {
     "staleness": "none",
     # MU-SplitFed and the ZO baselines
     "client-optimizer": "sgd",
+    "server-optimizer": "sgd",
     "perturbations": 1,
     "zo-smoothing": 0.001,
+    "zo-clip": 0.0,
     "server-steps": 1,
     # GAPSL
     "gapsl-k-min": 0.2,
@@ -78,7 +80,9 @@ DEFAULTS: dict[str, Any] = {
     "gapsl-mode": "first-order",
     "gapsl-lgi": "on",
     "gapsl-gda": "on",
-    # EPSL and S2FL
+    "gapsl-client-grads": "selected",
+    # PSL family, EPSL and S2FL
+    "psl-loss": "mean",
     "epsl-phi": 0.5,
     "s2fl-cuts": "1:2",
     "s2fl-groups": 2,
@@ -237,7 +241,7 @@ class RunConfig:
         for key in ["lr", "alpha", "server-lr", "node-timeout", "zo-smoothing", "straggler-rate"]:
             if not self._values[key] > 0:
                 raise ConfigError(f"{key} must be > 0, got {self._values[key]}")
-        for key in ["momentum", "weight-decay", "clip-norm", "target-accuracy", "max-virtual-time", "server-lr-split",
+        for key in ["momentum", "weight-decay", "clip-norm", "zo-clip", "target-accuracy", "max-virtual-time", "server-lr-split",
                     "client-lr"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
@@ -267,7 +271,8 @@ class RunConfig:
         if not 0 < self.gapsl_k_min <= self.gapsl_k_max <= 1:
             raise ConfigError(f"need 0 < gapsl-k-min <= gapsl-k-max <= 1, got {self.gapsl_k_min} and {self.gapsl_k_max}")
         for key, choices in (("optimizer", ("sgd", "adamw")), ("init", ("default", "ringsfl", "torch-default")),
-                             ("sl-order", ("client", "batch"))):
+                             ("sl-order", ("client", "batch")), ("server-optimizer", ("sgd", "zo")),
+                             ("gapsl-client-grads", ("selected", "all")), ("psl-loss", ("mean", "sum"))):
             if self.get(key) not in choices:
                 raise ConfigError(f"{key} must be one of {', '.join(choices)}; got '{self.get(key)}'")
         from fl_app.device import check_device_name

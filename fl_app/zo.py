@@ -125,3 +125,39 @@ def perturbed_outputs(model: nn.Module, x: torch.Tensor, seeds: Sequence[int], m
         for p, s in zip(params, saved):
             p.copy_(s)
     return h, torch.stack(plus), torch.stack(minus)
+
+
+@torch.no_grad()
+def zo_server_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seeds: Sequence[int], mu: float,
+                   lr: float, clip: float = 0.0) -> float:
+    """One ZO-SGD step of a server-side model on activations ``x`` (MU-SplitFed eq. 5).
+
+    ``g = (d/(2μP)) Σ_p [l(w + μu_p) − l(w − μu_p)] u_p`` with one direction
+    per seed and ``l`` the mean cross-entropy, then ``w ← w − lr·g``: plain
+    ZO-SGD, no momentum or weight decay. MU-SplitFed's server, and the
+    servers of its ZO baselines (ZO-SplitFed, ZO-GAS; §5: "we modify both
+    vanilla SplitFed and GAS to use ZO optimization").
+
+    Args:
+        x: float32 activations ``[B, ...]``; y: int64 labels ``[B]``.
+        seeds: one direction seed per perturbation (``P`` of them).
+        mu: smoothing parameter μ (> 0).
+        lr: the server-side learning rate.
+        clip: clip the estimate's norm to this (0 = none; ``zo-clip``). The
+            paper clips nothing; the SPSA estimate's norm is about ``√d`` times
+            the gradient's, so a clip at first-order scale cuts nearly every step.
+
+    Returns:
+        the loss at ``w`` before the step.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    dirs: list[list[torch.Tensor]] = []
+    logits, plus, minus = perturbed_outputs(model, x, seeds, mu, dirs)
+    loss = float(nn.functional.cross_entropy(logits, y))
+    diffs = [float(nn.functional.cross_entropy(a, y) - nn.functional.cross_entropy(b, y)) for a, b in zip(plus, minus)]
+    grads = spsa_gradient(diffs, dirs, mu, sum(p.numel() for p in params))
+    norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
+    factor = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0
+    for p, g in zip(params, grads):
+        p.sub_(to_device(g, p.device), alpha=lr * factor)
+    return loss

@@ -541,8 +541,7 @@ class SFLStrategy(Strategy):
             the dispatcher's :class:`~strategies.dispatcher.Pending` entry.
         """
         assert self.dispatcher is not None
-        if request.metered:
-            self.bytes_down += request.payload_bytes
+        self.bytes_down += request.payload_bytes
         draw = self._draws[pid]
         self._draws[pid] += 1
         return self.dispatcher.send(pid, request, self._duration(pid, request, draw))

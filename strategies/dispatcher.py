@@ -50,8 +50,10 @@ class Request:
         bits_down: bits it downloads; ``None``: the content's array payload.
         tag: anything the strategy wants back with the reply (e.g. the
             origin client and the hop of a relayed batch).
-        metered: count its payload in ``bytes_up``/``bytes_down`` (False for
-            evaluation-only traffic that the algorithm itself would not send).
+        metered: count the reply's payload in ``bytes_up`` (False for an
+            evaluation-only upload that the algorithm itself would not send,
+            such as a PSL client's model); what the request carries down
+            (e.g. the gradient that ends the round) always counts in ``bytes_down``.
         d2d_bits: bits the node sends straight to another node over a
             device-to-device link (a RingSFL relay hop), charged at the
             strategy's D2D rate (:attr:`~strategies.base.SFLStrategy.d2d_bps`)

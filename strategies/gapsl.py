@@ -14,7 +14,26 @@ server-side gradients ``g_i`` (one per client of the round):
 :class:`GAPSL` is PSL (per-client client-side models, one server-side model)
 whose server step uses them: the selected clients' regularised losses
 (eq. 8), with the regulariser's gradient in one of two modes
-(:func:`aligned_gradient`). Every client still receives its own ``∇_A L_i``.
+(:func:`aligned_gradient`).
+
+Who receives activation gradients (``gapsl-client-grads``). Sec. III's
+workflow: "the server employs LGI to construct a leader gradient and then
+utilizes GDA to regulate each device's gradient direction, followed by BP on
+the server-side model to generate activation's gradients; and iii) the
+server sends all generated gradients to the client device". The
+back-propagation is of eq. 8's loss, a sum over ``Ŝ``, so:
+
+* ``selected`` (default, the paper's reading): each client in ``Ŝ`` receives
+  ``∇_{A_i} Σ_{j∈Ŝ} L_j`` (its own ``∇_{A_i} L_i`` when the server-side model
+  mixes no samples, as without BatchNorm); a client outside ``Ŝ`` receives no
+  gradient message, so it takes no step that iteration (as PyTorch's
+  optimizers skip a parameter whose gradient is None) and goes on with its
+  next batch: it is charged that forward and upload, no download and no
+  backward pass;
+* ``all`` (an earlier reading, ours): every client receives its own ``∇_{A_i} L_i``.
+
+With ``gapsl-gda=none`` (Non-GDA) the server steps on the leader gradient,
+so ``Ŝ`` is the leader set.
 """
 
 from __future__ import annotations
@@ -172,6 +191,8 @@ class GAPSL(PSL):
                "(double back-propagation)", ("first-order", "exact")),
         Option("gapsl-lgi", "on", "ablation (Fig. 20): leader from the most consistent clients (on), from all "
                "(none: Non-LGI) or from a random subset of the same size (random: Rand-LGI)", ("on", "none", "random")),
+        Option("gapsl-client-grads", "selected", "who receives activation gradients: the clients of eq. 8's sum "
+               "(selected; Sec. III's BP of eq. 8) or every client its own (all)", ("selected", "all")),
         Option("gapsl-gda", "on", "ablation (Fig. 21): align the clients within the threshold (on), none, the "
                "server steps on the leader gradient (Non-GDA), or a random subset of the same size (random: Rand-GDA)",
                ("on", "none", "random")),
@@ -194,19 +215,25 @@ class GAPSL(PSL):
         self.ablation_rng = np.random.default_rng([c.seed, STREAM_ABLATION])
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
-        """LGI and GDA on the per-client server-side gradients, one step on eq. 8; ``∇_{A_i} L_i`` back."""
+        """LGI and GDA on the per-client server-side gradients, one step on eq. 8; activation gradients back
+        to ``Ŝ`` (None for the others) or to everyone (``gapsl-client-grads``)."""
         c = self.cfg
         pids, xs, losses = per_client_losses(self.server_model, batches)
         for p, loss in zip(pids, losses):
             SFLStrategy.check_loss(loss.detach(), f"server step (client {p})")
         params = [p for p in self.server_model.parameters() if p.requires_grad]
         grads = torch.stack([flat(torch.autograd.grad(loss, params, retain_graph=True)) for loss in losses])
-        act_grads = torch.autograd.grad(sum(losses), xs, retain_graph=True)
         if len(pids) > 1:
             lead, selected = self.leader_and_selection(grads)
         else:
             lead, selected = grads[0], [0]
         self.last_selected = len(selected)
+        receivers = range(len(pids)) if c.gapsl_client_grads == "all" else selected
+        act_grads: dict[int, torch.Tensor | None] = dict.fromkeys(pids)
+        if receivers:
+            loss = sum(losses) if c.gapsl_client_grads == "all" else sum(losses[i] for i in selected)
+            sent = torch.autograd.grad(loss, [xs[i] for i in receivers], retain_graph=True)
+            act_grads.update({pids[i]: g.detach() for i, g in zip(receivers, sent)})
         total = None
         if c.gapsl_gda == "none":  # Non-GDA: the server steps on the leader gradient alone
             total = lead.detach()
@@ -219,10 +246,14 @@ class GAPSL(PSL):
                 start += p.numel()
             clip_and_step(self.server_model, self.server_opt, c.clip_norm)
             self.server_updates += 1
-        return {p: g.detach() for p, g in zip(pids, act_grads)}
+        return act_grads
 
     def leader_and_selection(self, grads: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        """LGI's leader gradient and GDA's selected rows, or their ablations (``gapsl-lgi``, ``gapsl-gda``)."""
+        """LGI's leader gradient and GDA's selected rows, or their ablations (``gapsl-lgi``, ``gapsl-gda``).
+
+        With ``gapsl-gda=none`` the rows returned are the leader set's (the
+        server steps on the leader gradient), ascending.
+        """
         c, n = self.cfg, grads.shape[0]
         scores = consistency_scores(grads)
         ratio = self.ratio(scores, self.global_iteration)
@@ -233,7 +264,9 @@ class GAPSL(PSL):
             scores = torch.as_tensor(self.ablation_rng.permutation(n), dtype=torch.float64,
                                      device=grads.device)  # a random order
             ratio = k / n
-        lead, _ = leader_gradient(grads, scores, ratio)
+        lead, leaders = leader_gradient(grads, scores, ratio)
+        if c.gapsl_gda == "none":
+            return lead, sorted(leaders)
         _, _, selected = alignment(grads, lead.to(grads.dtype), c.gapsl_eta)
         if c.gapsl_gda == "random":
             selected = sorted(int(i) for i in self.ablation_rng.choice(n, size=len(selected), replace=False))

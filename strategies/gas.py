@@ -18,6 +18,12 @@ section 7 fixes the choices the paper leaves open.
 
 With ``generate=false`` this is the paper's plain asynchronous SFL
 framework (the ablation without generated activations).
+
+``client-optimizer=zo server-optimizer=zo`` is ZO-GAS, MU-SplitFed's
+baseline as its §5 defines it: ZO clients (loss differences under the
+current server model and eq. 6's loss), and a ZO-SGD server step (eq. 5 of
+MU-SplitFed) on the buffer plus generated activations. ``client-optimizer=zo``
+alone keeps the first-order server step.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from strategies.base import AsyncStrategy
 from strategies.dispatcher import Reply
 from strategies.generation import LabelGaussians
 from strategies.registry import register
-from strategies.split import CLIENT_OPTIMIZER_OPTION, ZO_OPTIONS, SplitMixin, server_step
+from strategies.split import CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SplitMixin, server_step
 
 STREAM_GENERATION = 13
 STREAM_REFERENCE = 17
@@ -91,6 +97,7 @@ class GAS(SplitMixin, AsyncStrategy):
         Option("dissimilarity-every", 0, "record Fig. 2's gradient dissimilarity every N server updates (0 = off)"),
         AGGREGATION_OPTION,
         CLIENT_OPTIMIZER_OPTION,
+        SERVER_OPTIMIZER_OPTION,
         *ZO_OPTIONS,
     )
 
@@ -98,7 +105,7 @@ class GAS(SplitMixin, AsyncStrategy):
         """Server model, optimiser, buffers, per-label Gaussians."""
         super().initialize()
         c = self.cfg
-        self.server_opt = self.server_optimizer(self.server_model)
+        self.server_opt = None if self.server_zo else self.server_optimizer(self.server_model)
         self.q_s = c.buffer_activations or c.concurrency
         self.q_c = c.buffer_models or c.concurrency
         self.activation_buffer: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -156,7 +163,7 @@ class GAS(SplitMixin, AsyncStrategy):
             self.flush_activations()
 
     def flush_activations(self) -> None:
-        """Update the Gaussians, top up with generated activations, one server step (eq. 5)."""
+        """Update the Gaussians, top up with generated activations, one server step (eq. 5; ZO-SGD with a ZO server)."""
         x = torch.cat([b[0] for b in self.activation_buffer])
         y = torch.cat([b[1] for b in self.activation_buffer])
         self.activation_buffer = []
@@ -173,6 +180,9 @@ class GAS(SplitMixin, AsyncStrategy):
         every = self.cfg.dissimilarity_every
         if every and self.server_updates % every == 0:
             self.last_dissimilarity = self.gradient_dissimilarity(x, y)
+        if self.server_zo:
+            self.zo_server_update(self.server_model, x, y, 0)
+            return
         server_step(self.server_model, self.server_opt, x, y, self.cfg.clip_norm, input_grad=False)
         self.server_updates += 1
 

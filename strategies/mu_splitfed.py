@@ -11,14 +11,22 @@ One communication round (global iteration) with the cohort:
 * the split server keeps a copy of the server-side model per client and
   makes ``τ = server-steps`` ZO updates of it on ``h`` (eq. 5), with its own
   random directions and the server learning rate ``η_s`` (default ``η/τ``,
-  as the convergence analysis requires);
+  as the convergence analysis requires), unclipped unless ``zo-clip`` > 0
+  (the paper clips nothing);
 * it then returns the ``P`` loss differences of the perturbed pairs under the
   updated copy (eq. 6); the client forms the SPSA estimate from its own seeds
   and steps (``train.zo_update``), piggybacking its next ``zo_forward``;
 * after E such exchanges (the paper: E = 1) the fed server averages the
   client models and the split server the copies, each with the global
   learning rate ``η_g = server-lr``: ``w ← w + η_g·(avg_k w_k − w)`` (eq. 7;
-  the average weighted by ``aggregation``).
+  the average weighted by ``aggregation``). ``η_g = 1`` is the plain average.
+  Corollary 4.4 ties ``η_g`` to ``τ``, but its formula was lost in extraction:
+  the README's Table 1 tries ``η_g ∈ {1, τ}``.
+
+At ``τ = 1`` and ``η_g = 1`` this is ZO-SplitFed, the paper's balanced
+baseline (Appendix A.2: τ = 1 "represents the balanced update scenario …
+combining ZOO with traditional SFL"): ``splitfed-v1 client-optimizer=zo
+server-optimizer=zo`` gives bit-identical metrics (a test checks).
 """
 
 from __future__ import annotations
@@ -30,35 +38,9 @@ from torch import nn
 
 from fl_app.config import Option
 from fl_app.device import to_device
-from fl_app.zo import STREAM_ZO_SERVER, perturbed_outputs, spsa_gradient, zo_seed
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.registry import register
 from strategies.split import ZO_OPTIONS, SyncSplitStrategy, copy_model
-
-
-@torch.no_grad()
-def zo_server_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seeds: list[int], mu: float,
-                   lr: float, clip_norm: float = 0.0) -> float:
-    """One ZO-SGD step of a server-side model on embeddings ``x`` (MU-SplitFed eq. 5).
-
-    ``g = (d/(2μP)) Σ_p [l(w + μu_p) − l(w − μu_p)] u_p`` with one direction
-    per seed, its norm clipped to ``clip_norm`` (0 = none; the run's
-    clipping, as on every other update), then ``w ← w − lr·g``.
-
-    Returns:
-        the loss at ``w`` before the step.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    dirs: list[list[torch.Tensor]] = []
-    logits, plus, minus = perturbed_outputs(model, x, seeds, mu, dirs)
-    loss = float(nn.functional.cross_entropy(logits, y))
-    diffs = [float(nn.functional.cross_entropy(a, y) - nn.functional.cross_entropy(b, y)) for a, b in zip(plus, minus)]
-    grads = spsa_gradient(diffs, dirs, mu, sum(p.numel() for p in params))
-    norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
-    factor = min(1.0, clip_norm / (norm + 1e-6)) if clip_norm > 0 else 1.0
-    for p, g in zip(params, grads):
-        p.sub_(to_device(g, p.device), alpha=lr * factor)
-    return loss
 
 
 @register
@@ -90,14 +72,11 @@ class MUSplitFed(SyncSplitStrategy):
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict:
         """τ ZO steps of each client's copy on its ``h``; then its loss differences (eq. 6)."""
-        c, feedback = self.cfg, {}
+        feedback = {}
         for pid in sorted(batches):
             x, y = batches[pid]
-            for _ in range(c.server_steps):
-                seeds = [zo_seed(c.seed, STREAM_ZO_SERVER, pid, self.server_updates, p) for p in range(c.perturbations)]
-                loss = zo_server_step(self.copies[pid], x, y, seeds, c.zo_smoothing, self.server_side_lr, c.clip_norm)
-                self.check_loss(torch.tensor(loss), "server ZO step")
-                self.server_updates += 1
+            for _ in range(self.cfg.server_steps):
+                self.zo_server_update(self.copies[pid], x, y, pid)
             feedback[pid] = self.feedback(self.copies[pid], y, None, pid)
         return feedback
 
@@ -114,7 +93,10 @@ class MUSplitFed(SyncSplitStrategy):
         self.copies = {}
 
     def _step_towards(self, model: nn.Module, states: Mapping[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """``w + η_g·(avg_k w_k − w)`` per tensor; exactly the average at ``η_g = 1``."""
         avg = {k: self.on_device(v) for k, v in average_uploads(states, self.aggregation_weight).items()}
         eta = self.cfg.server_lr
+        if eta == 1.0:
+            return avg
         return {k: v + eta * (avg[k] - v) if torch.is_floating_point(v) else avg[k]
                 for k, v in model.state_dict().items()}

@@ -78,13 +78,17 @@ class PSL(PerClientModels):
     """Parallel split learning: per-client client-side models, one server step per local iteration.
 
     The server-side model steps once per local iteration on
-    ``L = (1/C) Σ_k L_k``, the mean of the cohort's per-client mean losses.
-    Each client receives ``∇_{A_k} L_k = C · ∇_{A_k} L``, the gradient of its
-    own loss, so its step does not shrink with the cohort size (as in
-    MiniBatch-SFL).
+    ``L = (1/C) Σ_k L_k``, the mean of the cohort's per-client mean losses
+    (``psl-loss=mean``), or on their sum ``Σ_k L_k`` (``psl-loss=sum``). GAPSL
+    (Sec. III, "PSL") does not say which; the sum's server gradient is ``C``
+    times the mean's. Each client receives ``∇_{A_k} L_k``, the gradient of
+    its own loss, under either, so its step does not shrink with the cohort
+    size (as in MiniBatch-SFL).
     """
 
     name = "psl"
+    options = (Option("psl-loss", "mean", "PSL/EPSL: the server steps on the mean or the sum of the per-client "
+                      "losses (GAPSL Sec. III does not say; GAPSL itself sums, eq. 8)", ("mean", "sum")),)
 
     def initialize(self) -> None:
         """One server-side model with a persistent optimizer."""
@@ -92,8 +96,13 @@ class PSL(PerClientModels):
         self.server_opt = self.server_optimizer(self.server_model)
 
     def server_loss(self, pids: list[int], losses: list[torch.Tensor]) -> torch.Tensor:
-        """The server's objective from the per-client losses (hook; PSL: their mean)."""
-        return torch.stack(losses).mean()
+        """The server's objective from the per-client losses: their mean or sum (``psl-loss``)."""
+        stacked = torch.stack(losses)
+        return stacked.sum() if self.cfg.psl_loss == "sum" else stacked.mean()
+
+    def own_loss_scale(self, n: int) -> float:
+        """``∂L/∂L_k``'s inverse: what turns ``∇_{A_k} L`` into ``∇_{A_k} L_k`` (``n`` clients; 1 for the sum)."""
+        return 1.0 if self.cfg.psl_loss == "sum" else float(n)
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
         """One step on the mean of the per-client losses; each client gets ``∇_{A_k} L_k``."""
@@ -104,7 +113,8 @@ class PSL(PerClientModels):
         loss.backward()
         clip_and_step(self.server_model, self.server_opt, self.cfg.clip_norm)
         self.server_updates += 1
-        return {p: x.grad.detach() * len(pids) for p, x in zip(pids, xs)}
+        scale = self.own_loss_scale(len(pids))
+        return {p: x.grad.detach() * scale for p, x in zip(pids, xs)}
 
 
 @register
@@ -137,4 +147,5 @@ class EPSL(PSL):
         logits.backward(torch.cat(parts))
         clip_and_step(self.server_model, self.server_opt, self.cfg.clip_norm)
         self.server_updates += 1
-        return {p: x.grad.detach() * len(pids) for p, x in zip(pids, xs)}
+        scale = self.own_loss_scale(len(pids))
+        return {p: x.grad.detach() * scale for p, x in zip(pids, xs)}

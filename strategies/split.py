@@ -29,10 +29,13 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from fl_app import protocol as P
-from fl_app.config import Option
+from fl_app.config import Option, RunConfig
 from fl_app.costs import LABEL_BITS
+from fl_app.errors import ConfigError
 from fl_app.models import BlockModel, split_model
+from fl_app.task import Task
 from fl_app.training import clip_and_step, make_sgd
+from fl_app.zo import STREAM_ZO_SERVER, zo_seed, zo_server_step
 from strategies.aggregation import average_uploads
 from strategies.base import SFLStrategy, SyncStrategy
 from strategies.dispatcher import Request
@@ -43,10 +46,16 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ZO_OPTIONS = (
     Option("perturbations", 1, "ZO: P perturbation pairs per client step"),
     Option("zo-smoothing", 0.001, "ZO: smoothing parameter μ"),
+    Option("zo-clip", 0.0, "ZO: clip the norm of every ZO estimate, client and server side (0 = none, as the "
+           "paper; clip-norm clips first-order steps only)"),
 )
 #: ``client-optimizer``: ``zo`` gives the ZO baselines of MU-SplitFed (ZO-SplitFed, ZO-GAS).
 CLIENT_OPTIMIZER_OPTION = Option("client-optimizer", "sgd", "client-side training: first-order SGD, or zeroth-order "
                                  "(forward passes only; MU-SplitFed's ZO baselines)", ("sgd", "zo"))
+#: ``server-optimizer``: ``zo`` makes the server side zeroth-order too, as MU-SplitFed §5 defines its baselines.
+SERVER_OPTIMIZER_OPTION = Option("server-optimizer", "sgd", "server-side training: first-order SGD, or zeroth-order "
+                                 "(ZO-SGD, eq. 5; with client-optimizer=zo: ZO-SplitFed, ZO-GAS as MU-SplitFed §5 "
+                                 "defines them)", ("sgd", "zo"))
 
 
 @dataclass(frozen=True)
@@ -150,6 +159,46 @@ class SplitMixin(SFLStrategy):
         """Whether clients train with zeroth-order updates (``client-optimizer=zo``)."""
         return self.cfg.get("client-optimizer") == "zo"
 
+    @property
+    def server_zo(self) -> bool:
+        """Whether the server side trains with zeroth-order updates (``server-optimizer=zo``)."""
+        return self.cfg.get("server-optimizer") == "zo"
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig, task: Task) -> None:
+        """A ZO server needs ZO clients: it computes no activation gradient to send.
+
+        Raises:
+            ConfigError: ``server-optimizer=zo`` without ``client-optimizer=zo``.
+        """
+        super().check_config(cfg, task)
+        if cfg.get("server-optimizer") == "zo" and cfg.get("client-optimizer") != "zo":
+            raise ConfigError("server-optimizer=zo needs client-optimizer=zo (a ZO server computes no "
+                              "activation gradient for first-order clients)")
+
+    def zo_server_update(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, key: int) -> float:
+        """One ZO-SGD step of a server-side model (MU-SplitFed eq. 5, :func:`fl_app.zo.zo_server_step`).
+
+        Directions come from ``(seed, server stream, key, server_updates, p)``
+        for ``p < P``; the step size is :attr:`server_side_lr`, the clip
+        ``zo-clip``. Counts one server update.
+
+        Args:
+            key: which server-side model (a client's copy: its partition id).
+
+        Returns:
+            the loss before the step.
+
+        Raises:
+            DivergedError: the loss is not finite.
+        """
+        c = self.cfg
+        seeds = [zo_seed(c.seed, STREAM_ZO_SERVER, key, self.server_updates, p) for p in range(c.perturbations)]
+        loss = zo_server_step(model, x, y, seeds, c.zo_smoothing, self.server_side_lr, c.zo_clip)
+        self.check_loss(torch.tensor(loss), "server ZO step")
+        self.server_updates += 1
+        return loss
+
     def optimizer_config(self) -> dict[str, float]:
         """Client optimiser settings (fields of :class:`~fl_app.protocol.OptimizerConfig`) sent with training messages."""
         c = self.cfg
@@ -181,13 +230,17 @@ class SplitMixin(SFLStrategy):
         per = self.costs.activation_bits(end, batch, labels=False)
         return (2 * self.cfg.perturbations + 1) * per + LABEL_BITS * batch
 
+    def zo_optimizer_config(self) -> dict[str, float]:
+        """:meth:`optimizer_config` for a ZO client: the estimate is clipped at ``zo-clip``, not ``clip-norm``."""
+        return {**self.optimizer_config(), "clip_norm": self.cfg.zo_clip}
+
     def zo_forward_request(self, batch: int, weights: ArrayRecord | None, *, end: int | None = None,
                            slot: str = P.OWN_SLOT, tag: object = None) -> Request:
         """``train.zo_forward``: ``h`` and ``P`` perturbed pairs of a new batch (``2P + 1`` forward passes)."""
         end = self.cut if end is None else end
         c = self.cfg
         config = P.ZOForwardConfig(slot=slot, end=end, batch_size=batch, perturbations=c.perturbations,
-                                   smoothing=c.zo_smoothing, **self.optimizer_config())
+                                   smoothing=c.zo_smoothing, **self.zo_optimizer_config())
         content = RecordDict({P.CONFIG: config.to_record()})
         if weights is not None:
             content[P.WEIGHTS] = weights
@@ -206,7 +259,7 @@ class SplitMixin(SFLStrategy):
         elif nxt == P.NEXT_WEIGHTS and upload:
             bits = self.costs.param_bits(0, end)
         config = P.ZOUpdateConfig(slot=slot, diffs=feedback.diffs, smoothing=c.zo_smoothing, next=nxt,
-                                  batch_size=next_batch, **self.optimizer_config())
+                                  batch_size=next_batch, **self.zo_optimizer_config())
         content = RecordDict({P.CONFIG: config.to_record()})
         return Request(P.TRAIN_ZO_UPDATE, content, flops, bits, bits_down=32.0 * len(feedback.diffs), tag=tag,
                        metered=upload or nxt != P.NEXT_WEIGHTS)
@@ -244,6 +297,17 @@ class SplitMixin(SFLStrategy):
         content = RecordDict({P.GRADIENT: P.tensor_record("g", grad), P.CONFIG: config.to_record()})
         metered = upload or nxt != P.NEXT_WEIGHTS
         return Request(P.TRAIN_BACKWARD, content, flops, bits, tag=tag, metered=metered)
+
+    def weights_request(self, *, slot: str = P.OWN_SLOT, upload: bool = True, tag: object = None) -> Request:
+        """``train.step`` with nothing accumulated: no step, the reply holds the slot's weights.
+
+        Timed and metered as the client-side model's upload, or neither with
+        ``upload=False`` (a copy the server only needs for evaluation).
+        """
+        config = P.StepConfig(slot=slot, return_weights=True, **self.optimizer_config())
+        bits = self.costs.param_bits(0, self.cut) if upload else 0.0
+        return Request(P.TRAIN_STEP, RecordDict({P.CONFIG: config.to_record()}), 0.0, bits, tag=tag,
+                       metered=upload)
 
     def activations_of(self, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
         """``(activations [B, ...] float32, labels [B] int64)`` of a forward reply, on :attr:`device`."""
@@ -285,7 +349,8 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         :meth:`begin_round`: before the first forward (e.g. copy server models).
         :meth:`timed_cut`: the cut a client's work is charged at (S²FL).
         :meth:`start_weights`: the client-side weights the round starts from.
-        :meth:`server_iteration`: activations of the cohort -> gradients.
+        :meth:`server_iteration`: activations of the cohort -> gradients
+            (None: the client gets no gradient and takes no step).
         :meth:`collect_client_models`: what to do with the uploaded models.
         :meth:`end_round`: after the client-side models are collected.
     """
@@ -310,8 +375,13 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         """Weights every cohort member loads first: the current client-side model (encoded once)."""
         return P.state_record(self.client_model.state_dict())
 
-    def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
-        """Server updates for one local iteration: ``pid -> (x, y)`` to ``pid -> dL/dx``."""
+    def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                         ) -> dict[int, torch.Tensor | ZOFeedback | None]:
+        """Server updates for one local iteration: ``pid -> (x, y)`` to ``pid -> dL/dx``.
+
+        A client mapped to None receives no gradient (GAPSL's unselected
+        clients): it takes no step and goes on with its next batch.
+        """
         raise NotImplementedError
 
     def collect_client_models(self, uploads: Mapping[int, dict[str, torch.Tensor]]) -> None:
@@ -321,6 +391,15 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
 
     def end_round(self, cohort: list[int]) -> None:
         """Finish the server side of a round (e.g. average server copies)."""
+
+    def next_request(self, pid: int, grad: torch.Tensor | ZOFeedback | None, nxt: str, batch: int) -> Request:
+        """What ``pid`` gets after a server iteration: its gradient (or ZO feedback) with ``nxt`` piggybacked;
+        with no gradient, only ``nxt``: the next forward, or the client-side weights, with no step."""
+        if grad is not None:
+            return self.backward_request(grad, nxt, batch, upload=self.uploads_models, timed_end=self.timed_cut(pid))
+        if nxt == P.NEXT_FORWARD:
+            return self.forward_request(batch, None, timed_end=self.timed_cut(pid))
+        return self.weights_request(upload=self.uploads_models)
 
     def run_round(self, cohort: list[int]) -> None:
         """Forward from the start weights, E exchanges, collect the client-side models."""
@@ -333,9 +412,7 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         for e in range(local):
             grads = self.server_iteration({pid: self.smashed_of(pid, c) for pid, c in replies.items()})
             nxt = P.NEXT_FORWARD if e < local - 1 else P.NEXT_WEIGHTS
-            replies = self.gather({pid: self.backward_request(g, nxt, sizes[pid], upload=self.uploads_models,
-                                                              timed_end=self.timed_cut(pid))
-                                   for pid, g in grads.items()})
+            replies = self.gather({pid: self.next_request(pid, g, nxt, sizes[pid]) for pid, g in grads.items()})
         uploads = {pid: self.weights_of(c)[0] for pid, c in replies.items()}
         self.collect_client_models(uploads)
         self.end_round(sorted(uploads))

@@ -9,7 +9,8 @@ from fl_app.config import Option
 from fl_app.models import BlockModel
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.registry import register
-from strategies.split import CLIENT_OPTIMIZER_OPTION, ZO_OPTIONS, SyncSplitStrategy, copy_model, server_step
+from strategies.split import (CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SyncSplitStrategy,
+                              copy_model, server_step)
 
 
 @register
@@ -19,25 +20,36 @@ class SplitFedV1(SyncSplitStrategy):
     Each cohort member trains its own copy of the server-side model on its
     activations; at the end of the round the copies are averaged (weights
     ``|D_k|``), as are the client-side models.
+
+    ``client-optimizer=zo server-optimizer=zo`` is ZO-SplitFed, MU-SplitFed's
+    baseline as its §5 defines it ("we modify both vanilla SplitFed and GAS to
+    use ZO optimization"): ZO clients, and one ZO-SGD step (eq. 5) of each
+    server copy per exchange, i.e. ``mu-splitfed server-steps=1``.
+    ``client-optimizer=zo`` alone keeps a first-order server.
     """
 
     name = "splitfed-v1"
-    options = (AGGREGATION_OPTION, CLIENT_OPTIMIZER_OPTION, *ZO_OPTIONS)
+    options = (AGGREGATION_OPTION, CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, *ZO_OPTIONS)
 
     def begin_round(self, cohort: list[int]) -> None:
-        """Give each cohort member a copy of the server-side model and a fresh optimizer."""
+        """Give each cohort member a copy of the server-side model and, first-order, a fresh optimizer."""
         self.copies: dict[int, BlockModel] = {pid: copy_model(self.server_model) for pid in cohort}
-        self.copy_opts = {pid: self.server_optimizer(m) for pid, m in self.copies.items()}
+        self.copy_opts = {} if self.server_zo else {pid: self.server_optimizer(m) for pid, m in self.copies.items()}
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
         """One step of each client's server copy on its own batch.
 
-        With ZO clients (ZO-SplitFed), each gets the loss differences of its
-        perturbed pairs under its updated copy instead of the gradient.
+        With ZO clients, each gets the loss differences of its perturbed pairs
+        under its updated copy instead of the gradient; with a ZO server the
+        copy's step is ZO-SGD (eq. 5).
         """
         grads = {}
         for pid in sorted(batches):
             x, y = batches[pid]
+            if self.server_zo:
+                self.zo_server_update(self.copies[pid], x, y, pid)
+                grads[pid] = self.feedback(self.copies[pid], y, None, pid)
+                continue
             grad, _ = server_step(self.copies[pid], self.copy_opts[pid], x, y, self.cfg.clip_norm)
             grads[pid] = self.feedback(self.copies[pid], y, grad, pid)
             self.server_updates += 1

@@ -13,6 +13,7 @@ from strategies.gapsl import (
     alignment,
     alignment_penalty_gradient,
     consistency_scores,
+    flat,
     leader_gradient,
     pairwise_angles,
 )
@@ -156,3 +157,53 @@ def test_lgi_and_gda_ablations_on_the_hand_example():
     # Rand-GDA: as many clients as GDA selects (one here), at random
     picks = {tuple(_gapsl(gapsl_gda="random", seed=s).leader_and_selection(G.double())[1]) for s in range(8)}
     assert all(len(p) == 1 for p in picks) and len(picks) > 1
+
+
+def _batches(s, n=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    shape = s.task.profiles[s.cut - 1].output_shape
+    return {p: (torch.randn(8, *shape, generator=gen), torch.randint(0, 10, (8,), generator=gen)) for p in range(n)}
+
+
+@pytest.mark.parametrize("who", ["selected", "all"])
+def test_activation_gradients_go_to_eq8s_clients(who):
+    """Sec. III: BP of eq. 8's loss, a sum over Ŝ, so only Ŝ receives activation gradients (selected);
+    with ``all`` every client gets its own ∇_{A_i} L_i. Either way each gradient is the pre-step one."""
+    import copy
+
+    s = _gapsl(gapsl_client_grads=who)
+    batches = _batches(s)
+    before = copy.deepcopy(s.server_model)
+    params = list(before.parameters())
+    own, flat_grads = {}, []
+    for p, (x, y) in batches.items():
+        x = x.clone().requires_grad_(True)
+        loss = torch.nn.functional.cross_entropy(before(x), y)
+        gp = torch.autograd.grad(loss, params + [x])
+        flat_grads.append(flat(gp[:-1]))
+        own[p] = gp[-1]
+    _, selected = _gapsl().leader_and_selection(torch.stack(flat_grads))
+    assert 0 < len(selected) < 4  # the case where the readings differ
+    got = s.server_iteration(batches)
+    assert sorted(got) == [0, 1, 2, 3]
+    for p in range(4):
+        if who == "selected" and p not in selected:
+            assert got[p] is None
+        else:
+            assert torch.allclose(got[p], own[p], atol=1e-7), p
+
+
+def test_unselected_clients_take_no_step(server_identity, one_torch_thread, monkeypatch):
+    """A client outside Ŝ gets no gradient message: only its next forward, then its weights unmetered;
+    its client-side model never moves, and it downloads nothing."""
+    from tests.test_psl import _run
+    from strategies.gapsl import GAPSL
+
+    monkeypatch.setattr(GAPSL, "leader_and_selection", lambda self, grads: (grads[0], [0]))
+    s, task, _ = _run("gapsl", num_clients=3, concurrency=3, local_iterations=3)
+    init = task.build_model().segment(0, task.cut_layer).state_dict()
+    for pid in (1, 2):
+        assert all(torch.equal(s.client_states[pid][k], v) for k, v in init.items()), pid
+    assert any(not torch.equal(s.client_states[0][k], v) for k, v in init.items())
+    grad_bytes = s.costs.activation_bits(task.cut_layer, 8, labels=False) / 8
+    assert s.bytes_down == 3 * grad_bytes  # client 0's three gradients, nothing else

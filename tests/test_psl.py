@@ -59,12 +59,13 @@ def _run(strategy, **overrides):
     return s, task, timing
 
 
-def test_psl_round_equals_reference(server_identity, one_torch_thread):
+@pytest.mark.parametrize("psl_loss", ["mean", "sum"])
+def test_psl_round_equals_reference(psl_loss, server_identity, one_torch_thread):
     """3 clients, E = 2: per-client models diverge and are never averaged; the server
-    steps once per local iteration on mean_k L_k; client k receives ∇_{A_k} L_k."""
+    steps once per local iteration on mean_k L_k (or Σ_k L_k); client k receives ∇_{A_k} L_k."""
     from fl_app.training import make_sgd
 
-    s, task, timing = _run("psl", num_clients=3, concurrency=3, local_iterations=2)
+    s, task, timing = _run("psl", num_clients=3, concurrency=3, local_iterations=2, psl_loss=psl_loss)
     cut = task.cut_layer
     model = task.build_model()
     init_client = {k: v.clone() for k, v in model.segment(0, cut).state_dict().items()}
@@ -76,11 +77,11 @@ def test_psl_round_equals_reference(server_identity, one_torch_thread):
         xs = {pid: a.clone().requires_grad_(True) for pid, (a, _) in batches.items()}
         losses = [nn.functional.cross_entropy(server(xs[p]), batches[p][1]) for p in range(3)]
         server_opt.zero_grad(set_to_none=True)
-        torch.stack(losses).mean().backward()
+        (torch.stack(losses).sum() if psl_loss == "sum" else torch.stack(losses).mean()).backward()
         nn.utils.clip_grad_norm_(server.parameters(), OPT["clip_norm"])
         server_opt.step()
         for pid, c in clients.items():
-            c.backward(xs[pid].grad * 3)
+            c.backward(xs[pid].grad * (1 if psl_loss == "sum" else 3))
 
     assert s.server_updates == 2
     for k, v in server.state_dict().items():

@@ -150,3 +150,122 @@ def test_mu_splitfed_learns_and_counts_seeds_not_vectors(tmp_path):
     assert summary["bytes_up"] == 30 * 4 * ((2 * 2 + 1) * emb + 32 * 8 + client_bytes)
     # down: the start weights, then P = 2 float32 differences in the config (not an array payload)
     assert summary["bytes_down"] == 30 * 4 * client_bytes
+
+
+def test_zo_server_step_by_hand():
+    """eq. 5 on a linear server: w ← w − lr·(d/(2μP)) Σ_p diffs_p u_p with the seeded u_p, and zo-clip
+    scales the estimate to the clip's norm; no momentum, no weight decay."""
+    from fl_app.zo import zo_server_step
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    x, y = torch.randn(8, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    w0 = [p.detach().clone() for p in model.parameters()]
+    shapes, d, mu, seeds = [p.shape for p in w0], sum(p.numel() for p in w0), 1e-3, [11, 12]
+
+    def loss_at(params):
+        return float(nn.functional.cross_entropy(nn.functional.linear(x, *params), y))
+
+    est = [torch.zeros_like(p) for p in w0]
+    for s in seeds:
+        u = direction(shapes, s)
+        diff = loss_at([p + mu * v for p, v in zip(w0, u)]) - loss_at([p - mu * v for p, v in zip(w0, u)])
+        est = [e + diff * v * d / (2 * mu * len(seeds)) for e, v in zip(est, u)]
+    loss = zo_server_step(model, x, y, seeds, mu, lr=0.05)
+    assert loss == pytest.approx(loss_at(w0), rel=1e-6)
+    for p, p0, g in zip(model.parameters(), w0, est):
+        assert torch.allclose(p.detach(), p0 - 0.05 * g, atol=1e-5)
+    # clipped: the step is lr·clip long, in the same direction
+    norm = float(torch.sqrt(sum((g ** 2).sum() for g in est)))
+    model2 = nn.Linear(4, 3)
+    model2.load_state_dict({"weight": w0[0], "bias": w0[1]})
+    zo_server_step(model2, x, y, seeds, mu, lr=0.05, clip=norm / 4)
+    step = torch.sqrt(sum(((p.detach() - p0) ** 2).sum() for p, p0 in zip(model2.parameters(), w0)))
+    assert float(step) == pytest.approx(0.05 * norm / 4, rel=1e-3)
+
+
+ZO_RUN = {"dataset": "mnist-5k", "model": "lenet5", "cut-layer": 3, "num-clients": 6, "concurrency": 3,
+          "partition": "iid", "global-iterations": 3, "local-iterations": 2, "batch-size": 16, "lr": 0.002,
+          "momentum": 0.0, "weight-decay": 0.0, "perturbations": 2, "heterogeneity": "exponential", "seed": 3}
+
+
+def _zo_run(tmp_path, name, **keys):
+    from simulation.cli import main
+    from tests.conftest import cli_args
+
+    out = tmp_path / name
+    assert main(cli_args({**ZO_RUN, **keys, "output-dir": out}, "-q")) == 0
+    import pandas as pd
+
+    return pd.read_csv(out / "metrics.csv").drop(columns=["wall_time_s"], errors="ignore")
+
+
+def test_zo_splitfed_is_mu_splitfed_at_tau_one(tmp_path):
+    """MU-SplitFed §5 / Appendix A.2: ZO-SplitFed (ZO clients and a ZO server) is MU-SplitFed at τ = 1,
+    bit for bit; the first-order-server variant is a different algorithm."""
+    mu = _zo_run(tmp_path, "mu", strategy="mu-splitfed", **{"server-steps": 1})
+    zo = _zo_run(tmp_path, "zo", strategy="splitfed-v1", **{"client-optimizer": "zo", "server-optimizer": "zo"})
+    fo = _zo_run(tmp_path, "fo", strategy="splitfed-v1", **{"client-optimizer": "zo"})
+    assert mu.equals(zo)
+    assert not mu["test_loss"].iloc[1:].equals(fo["test_loss"].iloc[1:])
+
+
+def test_zo_clients_clip_at_zo_clip_not_clip_norm():
+    """clip-norm clips first-order steps; a ZO client's estimate is clipped at zo-clip (0: none)."""
+    from fl_app.task import load_task
+    from simulation.clock import VirtualClock
+    from strategies.clock import ZeroTiming
+    from strategies.split import ZOFeedback
+    from strategies.registry import get_strategy
+
+    cfg = make_cfg(strategy="splitfed-v1", client_optimizer="zo", clip_norm=10.0, zo_clip=2.5)
+    s = get_strategy("splitfed-v1")(cfg, load_task(cfg), clock=VirtualClock(), timing=ZeroTiming(), progress=False)
+    fwd, upd = s.forward_request(8, None), s.backward_request(ZOFeedback((0.1,)), P.NEXT_NONE)
+    assert P.ZOForwardConfig.from_record(P.config_of(fwd.content, P.CONFIG)).clip_norm == 2.5
+    assert P.ZOUpdateConfig.from_record(P.config_of(upd.content, P.CONFIG)).clip_norm == 2.5
+    cfg = make_cfg(strategy="splitfed-v1", clip_norm=10.0, zo_clip=2.5)
+    s = get_strategy("splitfed-v1")(cfg, load_task(cfg), clock=VirtualClock(), timing=ZeroTiming(), progress=False)
+    assert P.ForwardConfig.from_record(P.config_of(s.forward_request(8, None).content, P.CONFIG)).clip_norm == 10.0
+
+
+def test_zo_gas_server_step_is_zeroth_order():
+    """ZO-GAS: a flush steps the server-side model by eq. 5 on the buffer (plus generated activations),
+    with the seeded server directions; the first-order server would move it differently."""
+    import copy
+
+    from fl_app.task import load_task
+    from fl_app.zo import STREAM_ZO_SERVER, zo_server_step
+    from simulation.clock import VirtualClock
+    from strategies.clock import ZeroTiming
+    from strategies.gas import GAS
+
+    cfg = make_cfg(strategy="gas", model="lenet5", cut_layer=3, client_optimizer="zo", server_optimizer="zo",
+                   generate=False, lr=0.003, perturbations=2)
+    s = GAS(cfg, load_task(cfg), clock=VirtualClock(), timing=ZeroTiming(), progress=False)
+    s.initialize()
+    torch.manual_seed(1)
+    shape = s.activation_shape
+    x, y = torch.randn(16, *shape), torch.randint(0, 10, (16,))
+    s.activation_buffer = [(x[:8], y[:8]), (x[8:], y[8:])]
+    s.server_updates = 4
+    ref = copy.deepcopy(s.server_model)
+    seeds = [zo_seed(cfg.seed, STREAM_ZO_SERVER, 0, 4, p) for p in range(2)]
+    zo_server_step(ref, x, y, seeds, cfg.zo_smoothing, 0.003)
+    before = {k: v.clone() for k, v in s.server_model.state_dict().items()}
+    s.flush_activations()
+    assert s.server_updates == 5 and s.server_opt is None
+    after = s.server_model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in after)
+    assert all(torch.equal(after[k], v) for k, v in ref.state_dict().items())
+
+
+def test_a_zo_server_needs_zo_clients(tmp_path, capsys):
+    from simulation.cli import main
+    from tests.conftest import cli_args
+
+    for strategy in ("splitfed-v1", "gas"):
+        code = main(cli_args({"strategy": strategy, "server-optimizer": "zo", "output-dir": tmp_path / strategy}))
+        assert code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "client-optimizer=zo" in err[0]
+        assert not (tmp_path / strategy).exists()
