@@ -18,8 +18,10 @@ A sweep file is TOML::
     seed = [0, 1, 2]
 
 Each run goes to ``DIR/<key>=<value>,...`` (grid keys only). A run whose
-``summary.json`` says ``completed`` is skipped, so an interrupted sweep
-resumes where it stopped. The table of all runs is written to
+``summary.json`` says ``completed`` or ``diverged`` is skipped, so an
+interrupted sweep resumes where it stopped (a diverged run is a result: the
+same seed diverges again). A run that diverges or fails is reported in one
+line and the sweep goes on. The table of all runs is written to
 ``DIR/results.csv``.
 """
 
@@ -94,12 +96,13 @@ def run_name(run: Mapping[str, Any], grid_keys: list[str]) -> str:
 
 
 def is_complete(run_dir: Path) -> bool:
-    """Whether a run directory holds a completed run."""
+    """Whether a run directory holds a finished run (completed, or diverged: a result too)."""
     summary = run_dir / "summary.json"
     if not summary.exists():
         return False
     try:
-        return json.loads(summary.read_text()).get("status") == "completed"
+        status = str(json.loads(summary.read_text()).get("status"))
+        return status == "completed" or status.startswith("diverged")
     except json.JSONDecodeError:
         return False
 
@@ -113,6 +116,7 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
     from fl_app.server_app import plan_run
     from simulation.engine import run_inprocess
     from simulation.ray_engine import run_ray
+    from strategies.base import DivergedError, RunFailedError
 
     spec = load_sweep(path)
     out = Path(out_dir) if out_dir else Path("runs") / Path(path).stem
@@ -130,7 +134,10 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
         cfg["output-dir"] = str(run_dir)
         plan = plan_run(RunConfig.from_mapping(cfg))
         engine = run.get("engine", "inprocess")
-        (run_ray if engine == "ray" else run_inprocess)(plan, progress=progress)
+        try:
+            (run_ray if engine == "ray" else run_inprocess)(plan, progress=progress)
+        except (DivergedError, RunFailedError) as err:
+            print(f"[{i}/{len(runs)}] {run_dir.name}: {type(err).__name__.removesuffix('Error').lower()}: {err}")
     table = collect(out, target=float(spec["meta"].get("target-accuracy", 0.0)))
     return table
 

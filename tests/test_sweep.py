@@ -72,6 +72,21 @@ def test_sweep_resumes_and_reports(tmp_path, capsys):
     assert (out / "curves.png").stat().st_size > 0 and (out / "profiles.png").stat().st_size > 0
 
 
+def test_a_diverged_run_is_a_result_and_the_sweep_goes_on(tmp_path, capsys):
+    """lr = 1e6 without clipping diverges: the sweep says so in one line, runs the next run, keeps the
+    diverged run in the table, and a resumed sweep skips it (the same seed would diverge again)."""
+    path = tmp_path / "d.toml"
+    path.write_text(SWEEP.replace('[grid]\nvariant = ["gas-nogen", "fedavg"]\nseed = [0, 1]',
+                                  '[grid]\nvariant = ["gas-nogen"]\nlr = [1e6, 0.01]\nclip-norm = [0.0]'))
+    out = tmp_path / "out"
+    table = run_sweep(path, out, progress=False).set_index("lr")
+    printed = capsys.readouterr().out
+    assert "lr=1000000.0,clip-norm=0.0: diverged:" in printed
+    assert table.loc[1e6, "status"].startswith("diverged") and table.loc[0.01, "status"] == "completed"
+    run_sweep(path, out, progress=False)
+    assert capsys.readouterr().out.count("done, skipped") == 2
+
+
 def test_bad_sweep_files(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[grid]\nstrategy = "gas"\n')
