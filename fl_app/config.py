@@ -134,7 +134,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # P are the tuning grid's (README: "MU-SplitFed").
     "mu-splitfed": {"model": "lenet5", "cut-layer": 3, "num-clients": 10, "concurrency": 5, "partition": "iid",
                     "heterogeneity": "exponential", "global-iterations": 100, "local-iterations": 1,
-                    "lr": 0.004, "momentum": 0.0, "weight-decay": 0.0, "perturbations": 8, "server-steps": 2},
+                    "lr": 0.008, "momentum": 0.0, "weight-decay": 0.0, "perturbations": 8, "server-steps": 2},
 }
 
 
