@@ -16,10 +16,17 @@ cut-layer tables use these figures.
 
 Models:
 
-* ``alexnet`` -- the AlexNet variant of the GAS reference code (GAS:
+* ``alexnet`` -- an AlexNet with the GAS authors' layer sizes (GAS:
   "Generative Activation-Aided Asynchronous Split Federated Learning"),
-  8 blocks ``conv1..conv5, fc1, fc2, fc3``; default cut 2 gives a 64x7x7
-  activation on 1x28x28 input and 64x8x8 on 3x32x32.
+  8 blocks ``conv1..conv5, fc1, fc2, fc3``, with a ReLU after every conv and
+  hidden linear layer; default cut 2 gives a 64x7x7 activation on 1x28x28
+  input and 64x8x8 on 3x32x32. This is **not** the authors' model: theirs is
+  ``alexnet-gas``.
+* ``alexnet-gas`` -- the GAS authors' AlexNet exactly (``utils/network.py``
+  of github.com/eejiarong/GAS: ``AlexNetDown``/``AlexNetUp`` for 1x28x28,
+  ``AlexNetDownCifar``/``AlexNetUpCifar`` for 3x32x32, the same layers):
+  as ``alexnet`` but with no ReLU after conv3 or conv4 and none between the
+  three linear layers. Cut 2 is their split.
 * ``lenet5`` -- LeNet-5 (LeCun et al., "Gradient-based learning applied to
   document recognition", 1998) with ReLU and max pooling, in the 12 blocks
   RingSFL (Shen et al., "Ring-based Split Federated Learning") divides it into.
@@ -80,7 +87,7 @@ __all__ = [
     "fixed_rng",
 ]
 
-MODELS: tuple[str, ...] = ("alexnet", "lenet5", "vgg16", "resnet18", "alexnet17", "vit-small")
+MODELS: tuple[str, ...] = ("alexnet", "alexnet-gas", "lenet5", "vgg16", "resnet18", "alexnet17", "vit-small")
 """Names accepted by :func:`build_model`."""
 
 
@@ -200,24 +207,40 @@ def _out_shape(modules: Sequence[nn.Module], input_shape: tuple[int, ...], model
     return tuple(x.shape[1:])
 
 
-def _alexnet(input_shape: tuple[int, int, int], num_classes: int) -> list[tuple[str, nn.Module]]:
-    """AlexNet, GAS variant: 5 conv blocks + 3 fc blocks (8 blocks)."""
+def _alexnet(input_shape: tuple[int, int, int], num_classes: int,
+             hidden_relu: bool = True) -> list[tuple[str, nn.Module]]:
+    """AlexNet with the GAS authors' layer sizes: 5 conv blocks + 3 fc blocks (8 blocks).
+
+    ``hidden_relu=False`` is the authors' model (``alexnet-gas``): no ReLU
+    after conv3 or conv4, none after fc1 or fc2. The parameters' names are
+    the same either way (a ReLU holds none).
+    """
     c = input_shape[0]
+
+    def act(*layers: nn.Module) -> nn.Sequential:
+        return nn.Sequential(*layers, nn.ReLU()) if hidden_relu else nn.Sequential(*layers)
+
     convs: list[tuple[str, nn.Module]] = [
         ("conv1", nn.Sequential(nn.Conv2d(c, 32, 3, 1, 1), nn.MaxPool2d(2), nn.ReLU())),
         ("conv2", nn.Sequential(nn.Conv2d(32, 64, 3, 1, 1), nn.MaxPool2d(2), nn.ReLU())),
-        ("conv3", nn.Sequential(nn.Conv2d(64, 128, 3, 1, 1), nn.ReLU())),
-        ("conv4", nn.Sequential(nn.Conv2d(128, 256, 3, 1, 1), nn.ReLU())),
+        ("conv3", act(nn.Conv2d(64, 128, 3, 1, 1))),
+        ("conv4", act(nn.Conv2d(128, 256, 3, 1, 1))),
         ("conv5", nn.Sequential(nn.Conv2d(256, 256, 3, 1, 1), nn.MaxPool2d(3, 2), nn.ReLU())),
     ]
-    feat = _out_shape([m for _, m in convs], input_shape, "alexnet")
+    feat = _out_shape([m for _, m in convs], input_shape, "alexnet" if hidden_relu else "alexnet-gas")
     flat = feat[0] * feat[1] * feat[2]
     fcs: list[tuple[str, nn.Module]] = [
-        ("fc1", nn.Sequential(nn.Flatten(), nn.Linear(flat, 1024), nn.ReLU())),
-        ("fc2", nn.Sequential(nn.Linear(1024, 512), nn.ReLU())),
+        ("fc1", act(nn.Flatten(), nn.Linear(flat, 1024))),
+        ("fc2", act(nn.Linear(1024, 512))),
         ("fc3", nn.Linear(512, num_classes)),
     ]
     return convs + fcs
+
+
+def _alexnet_gas(input_shape: tuple[int, int, int], num_classes: int) -> list[tuple[str, nn.Module]]:
+    """The GAS authors' AlexNet (``AlexNetDown``/``AlexNetUp``, and their CIFAR twins): :func:`_alexnet`
+    without the hidden ReLUs after conv3, conv4, fc1 and fc2."""
+    return _alexnet(input_shape, num_classes, hidden_relu=False)
 
 
 def _lenet5(input_shape: tuple[int, int, int], num_classes: int) -> list[tuple[str, nn.Module]]:
@@ -552,6 +575,7 @@ def _vit_small(input_shape: tuple[int, int, int], num_classes: int) -> list[tupl
 
 _BUILDERS: dict[str, Callable[[tuple[int, int, int], int], list[tuple[str, nn.Module]]]] = {
     "alexnet": _alexnet,
+    "alexnet-gas": _alexnet_gas,
     "lenet5": _lenet5,
     "vgg16": _vgg16,
     "resnet18": _resnet18,

@@ -4,6 +4,7 @@ import hashlib
 
 import pytest
 import torch
+from torch import nn
 
 from fl_app.errors import ConfigError
 from fl_app.models import (
@@ -33,7 +34,39 @@ def _x(shape, n=3, seed=1):
 
 
 def test_models_tuple():
-    assert MODELS == ("alexnet", "lenet5", "vgg16", "resnet18", "alexnet17", "vit-small")
+    assert MODELS == ("alexnet", "alexnet-gas", "lenet5", "vgg16", "resnet18", "alexnet17", "vit-small")
+
+
+def _gas_authors_alexnet(channels: int, classes: int) -> tuple[nn.Module, nn.Module]:
+    """The GAS authors' AlexNetDown/AlexNetUp (utils/network.py of eejiarong/GAS), layer for layer."""
+    down = nn.Sequential(nn.Conv2d(channels, 32, 3, padding=1), nn.MaxPool2d(2, 2), nn.ReLU(),
+                         nn.Conv2d(32, 64, 3, 1, 1), nn.MaxPool2d(2, 2), nn.ReLU())
+    up = nn.Sequential(nn.Conv2d(64, 128, 3, 1, 1), nn.Conv2d(128, 256, 3, 1, 1), nn.Conv2d(256, 256, 3, 1, 1),
+                       nn.MaxPool2d(3, 2), nn.ReLU(), nn.Flatten(),
+                       nn.Linear(256 * 3 * 3, 1024), nn.Linear(1024, 512), nn.Linear(512, classes))
+    return down, up
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_alexnet_gas_is_the_authors_model(shape):
+    """Same weights in, same logits out as the authors' two halves, at their cut (2); ``alexnet``, with its
+    four extra ReLUs, gives other logits from the same weights."""
+    ours = build_model("alexnet-gas", shape, 10, seed=3)
+    down, up = _gas_authors_alexnet(shape[0], 10)
+    layers = [m for m in [*down, *up] if isinstance(m, (nn.Conv2d, nn.Linear))]
+    params = [p for name, p in ours.named_parameters()]
+    assert len(params) == 2 * len(layers)
+    with torch.no_grad():
+        for layer, (w, b) in zip(layers, zip(params[::2], params[1::2])):
+            layer.weight.copy_(w)
+            layer.bias.copy_(b)
+    x = _x(shape)
+    client, server = split_model(ours, 2)
+    assert torch.allclose(client(x), down(x), atol=1e-6)
+    assert torch.allclose(ours(x), up(down(x)), atol=1e-5)
+    relu = build_model("alexnet", shape, 10)
+    relu.load_state_dict(ours.state_dict())
+    assert not torch.allclose(relu(x), ours(x), atol=1e-3)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
