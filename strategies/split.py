@@ -46,8 +46,9 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ZO_OPTIONS = (
     Option("perturbations", 1, "ZO: P perturbation pairs per client step"),
     Option("zo-smoothing", 0.001, "ZO: smoothing parameter μ"),
-    Option("zo-clip", 0.0, "ZO: clip the norm of every ZO estimate, client and server side (0 = none, as the "
-           "paper; clip-norm clips first-order steps only)"),
+    Option("zo-clip", 10.0, "ZO: clip the norm of every ZO estimate, client and server side (0 = none, as the "
+           "paper, and as preset=mu-splitfed; unclipped ZO diverges at the global lr 0.01 and momentum 0.9). "
+           "clip-norm clips first-order steps only"),
 )
 #: ``client-optimizer``: ``zo`` gives the ZO baselines of MU-SplitFed (ZO-SplitFed, ZO-GAS).
 CLIENT_OPTIMIZER_OPTION = Option("client-optimizer", "sgd", "client-side training: first-order SGD, or zeroth-order "
