@@ -105,7 +105,7 @@ class PSL(PerClientModels):
         return 1.0 if self.cfg.psl_loss == "sum" else float(n)
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
-        """One step on the mean of the per-client losses; each client gets ``∇_{A_k} L_k``."""
+        """One step on the mean (or sum) of the per-client losses; each client gets ``∇_{A_k} L_k``."""
         pids, xs, losses = per_client_losses(self.server_model, batches)
         loss = self.server_loss(pids, losses)
         SFLStrategy.check_loss(loss.detach(), "server step")

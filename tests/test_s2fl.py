@@ -103,15 +103,23 @@ def _run(strategy, **overrides):
     return s
 
 
+def _flat(state):
+    return torch.cat([v.reshape(-1).double() for v in state.values()])
+
+
 def test_one_group_at_the_real_cut_is_minibatch_sfl(server_identity, one_torch_thread):
     """With one group and the model's own cut as the only candidate, S²FL is MiniBatch-SFL: same
     models, same virtual times. Charged at cut 1 instead, the models stay equal and only time changes."""
     base = _run("minibatch-sfl")
     same = _run("s2fl", s2fl_groups=1, s2fl_cuts=str(base.cut))
     adaptive = _run("s2fl", s2fl_groups=1, s2fl_cuts="1")
-    for k, v in base.model.state_dict().items():
-        assert torch.allclose(same.model.state_dict()[k], v, rtol=1e-4, atol=1e-5), k  # float order differs
-        assert torch.allclose(adaptive.model.state_dict()[k], v, rtol=1e-4, atol=1e-5), k
+    # equal up to float order: the gap is under 1 % of how far training moved the model (measured here: 0.4 %;
+    # SplitFed-V2 from the same start ends 375 % away)
+    start = _flat(base.task.build_model().state_dict())
+    moved = float((_flat(base.model.state_dict()) - start).norm())
+    assert moved > 0.1
+    for other in (same, adaptive):
+        assert float((_flat(other.model.state_dict()) - _flat(base.model.state_dict())).norm()) < 0.01 * moved
     assert [r["virtual_time_s"] for r in same.rows] == [r["virtual_time_s"] for r in base.rows]
     assert [r["virtual_time_s"] for r in adaptive.rows] != [r["virtual_time_s"] for r in base.rows]
     assert adaptive.charged_cut == {0: 1, 1: 1, 2: 1, 3: 1}

@@ -148,7 +148,7 @@ def test_mu_splitfed_learns_and_counts_seeds_not_vectors(tmp_path):
     out = tmp_path / "mu"
     run = {"strategy": "mu-splitfed", "dataset": "mnist-5k", "model": "lenet5", "cut-layer": 3,
            "num-clients": 4, "concurrency": 4, "partition": "iid", "global-iterations": 30, "local-iterations": 1,
-           "batch-size": 32, "lr": 0.002, "momentum": 0.0, "weight-decay": 0.0, "server-steps": 2,
+           "batch-size": 32, "lr": 0.2, "momentum": 0.0, "weight-decay": 0.0, "server-steps": 2,
            "perturbations": 2, "heterogeneity": "exponential", "eval-every": 30, "seed": 0}
     assert main(cli_args({**run, "output-dir": out}, "-q")) == 0
     rows = read_metrics(out / "metrics.csv")
@@ -256,7 +256,7 @@ def test_zo_gas_server_step_is_zeroth_order():
     from strategies.gas import GAS
 
     cfg = make_cfg(strategy="gas", model="lenet5", cut_layer=3, client_optimizer="zo", server_optimizer="zo",
-                   generate=False, lr=0.003, perturbations=2)
+                   generate=False, lr=0.003, perturbations=2, zo_clip=0.0)
     s = GAS(cfg, load_task(cfg), clock=VirtualClock(), timing=ZeroTiming(), progress=False)
     s.initialize()
     torch.manual_seed(1)
