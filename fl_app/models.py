@@ -30,6 +30,8 @@ Models:
 * ``lenet5`` -- LeNet-5 (LeCun et al., "Gradient-based learning applied to
   document recognition", 1998) with ReLU and max pooling, in the 12 blocks
   RingSFL (Shen et al., "Ring-based Split Federated Learning") divides it into.
+* ``lenet5-ringsfl`` -- RingSFL's LeNet exactly (``LeNet_Mnist`` of
+  github.com/ShenJinglong/DistRingSFL): as ``lenet5`` with average pooling.
 * ``vgg16`` -- VGG-16 with BatchNorm (Simonyan & Zisserman 2014) for
   CIFAR-size input, in RingSFL's 16 blocks ``conv1..conv13, fc1..fc3``
   (pools folded into conv2, 4, 7, 10, 13; classifier 512-512-classes).
@@ -87,7 +89,8 @@ __all__ = [
     "fixed_rng",
 ]
 
-MODELS: tuple[str, ...] = ("alexnet", "alexnet-gas", "lenet5", "vgg16", "resnet18", "alexnet17", "vit-small")
+MODELS: tuple[str, ...] = ("alexnet", "alexnet-gas", "lenet5", "lenet5-ringsfl", "vgg16", "resnet18", "alexnet17",
+                           "vit-small")
 """Names accepted by :func:`build_model`."""
 
 
@@ -243,8 +246,9 @@ def _alexnet_gas(input_shape: tuple[int, int, int], num_classes: int) -> list[tu
     return _alexnet(input_shape, num_classes, hidden_relu=False)
 
 
-def _lenet5(input_shape: tuple[int, int, int], num_classes: int) -> list[tuple[str, nn.Module]]:
-    """LeNet-5 with ReLU and max pooling, in 12 blocks.
+def _lenet5(input_shape: tuple[int, int, int], num_classes: int,
+            pool: type[nn.Module] = nn.MaxPool2d) -> list[tuple[str, nn.Module]]:
+    """LeNet-5 with ReLU and max pooling (``pool``: the pooling layer class), in 12 blocks.
 
     Inputs smaller than 32x32 (e.g. 28x28 MNIST) get ``padding=2`` in conv1,
     the usual MNIST form, so 28x28 gives the classic 16x5x5 feature map;
@@ -255,10 +259,10 @@ def _lenet5(input_shape: tuple[int, int, int], num_classes: int) -> list[tuple[s
     front: list[tuple[str, nn.Module]] = [
         ("conv1", nn.Conv2d(c, 6, 5, 1, pad)),
         ("relu1", nn.ReLU()),
-        ("pool1", nn.MaxPool2d(2)),
+        ("pool1", pool(2, 2)),
         ("conv2", nn.Conv2d(6, 16, 5)),
         ("relu2", nn.ReLU()),
-        ("pool2", nn.MaxPool2d(2)),
+        ("pool2", pool(2, 2)),
         ("flatten", nn.Flatten()),
     ]
     (flat,) = _out_shape([m for _, m in front], input_shape, "lenet5")
@@ -270,6 +274,12 @@ def _lenet5(input_shape: tuple[int, int, int], num_classes: int) -> list[tuple[s
         ("fc3", nn.Linear(84, num_classes)),
     ]
     return front + back
+
+
+def _lenet5_ringsfl(input_shape: tuple[int, int, int], num_classes: int) -> list[tuple[str, nn.Module]]:
+    """RingSFL's LeNet (``LeNet_Mnist`` in ShenJinglong/DistRingSFL ``model/LeNet.py``): :func:`_lenet5`
+    with average pooling, the same 12 blocks."""
+    return _lenet5(input_shape, num_classes, pool=nn.AvgPool2d)
 
 
 # ----------------------------------------------------------------- VGG-16
@@ -577,6 +587,7 @@ _BUILDERS: dict[str, Callable[[tuple[int, int, int], int], list[tuple[str, nn.Mo
     "alexnet": _alexnet,
     "alexnet-gas": _alexnet_gas,
     "lenet5": _lenet5,
+    "lenet5-ringsfl": _lenet5_ringsfl,
     "vgg16": _vgg16,
     "resnet18": _resnet18,
     "alexnet17": _alexnet17,

@@ -45,7 +45,7 @@ from strategies.split import ZO_OPTIONS, SyncSplitStrategy, copy_model
 
 @register
 class MUSplitFed(SyncSplitStrategy):
-    """MU-SplitFed: ZO clients, τ ZO server updates per exchange, per-client server copies, η_g aggregation."""
+    """MU-SplitFed: ZO clients, τ ZO server updates per exchange, η_g aggregation; learns under preset=mu-splitfed."""
 
     name = "mu-splitfed"
     options = (

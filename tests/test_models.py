@@ -34,7 +34,31 @@ def _x(shape, n=3, seed=1):
 
 
 def test_models_tuple():
-    assert MODELS == ("alexnet", "alexnet-gas", "lenet5", "vgg16", "resnet18", "alexnet17", "vit-small")
+    assert MODELS == ("alexnet", "alexnet-gas", "lenet5", "lenet5-ringsfl", "vgg16", "resnet18", "alexnet17",
+                      "vit-small")
+
+
+def test_lenet5_ringsfl_is_the_authors_model():
+    """RingSFL's LeNet_Mnist (DistRingSFL model/LeNet.py), block for block: average pooling, not max."""
+    ours = build_model("lenet5-ringsfl", (1, 28, 28), 10, seed=2)
+    theirs = nn.ModuleList([nn.Conv2d(1, 6, 5, 1, 2), nn.ReLU(), nn.AvgPool2d(2, 2), nn.Conv2d(6, 16, 5), nn.ReLU(),
+                            nn.AvgPool2d(2, 2), nn.Flatten(), nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84),
+                            nn.ReLU(), nn.Linear(84, 10)])
+    assert len(ours) == len(theirs) == 12
+    with torch.no_grad():
+        for t, p in zip([m for m in theirs if isinstance(m, (nn.Conv2d, nn.Linear))],
+                        [m for m in ours.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]):
+            t.weight.copy_(p.weight)
+            t.bias.copy_(p.bias)
+    x = _x((1, 28, 28))
+    for i in range(12):  # every cut point agrees
+        ref = x
+        for m in theirs[:i + 1]:
+            ref = m(ref)
+        assert torch.allclose(ours.segment(0, i + 1)(x), ref, atol=1e-6), i
+    maxpool = build_model("lenet5", (1, 28, 28), 10)
+    maxpool.load_state_dict(ours.state_dict())
+    assert not torch.allclose(maxpool(x), ours(x), atol=1e-4)
 
 
 def _gas_authors_alexnet(channels: int, classes: int) -> tuple[nn.Module, nn.Module]:
