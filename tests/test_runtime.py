@@ -1117,7 +1117,8 @@ def test_gas_reference_preset():
     from fl_app.errors import ConfigError
 
     cfg = RunConfig.from_mapping({"preset": "gas-reference"})
-    assert (cfg.init, cfg.aggregation, cfg.batch_parallel) == ("torch-default", "uniform", True)
+    assert (cfg.model, cfg.init, cfg.aggregation, cfg.batch_parallel) == ("alexnet-gas", "torch-default", "uniform",
+                                                                           True)
     mine = RunConfig.from_mapping({"preset": "gas-reference", "init": "ringsfl"})
     assert (mine.init, mine.aggregation) == ("ringsfl", "uniform")
     assert RunConfig.from_mapping({**DEFAULTS, "preset": "gas-reference"}).init == "torch-default"
