@@ -137,7 +137,8 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
         try:
             (run_ray if engine == "ray" else run_inprocess)(plan, progress=progress)
         except (DivergedError, RunFailedError) as err:
-            print(f"[{i}/{len(runs)}] {run_dir.name}: {type(err).__name__.removesuffix('Error').lower()}: {err}")
+            outcome = "diverged" if isinstance(err, DivergedError) else "failed"
+            print(f"[{i}/{len(runs)}] {run_dir.name}: {outcome}: {err}")
     table = collect(out, target=float(spec["meta"].get("target-accuracy", 0.0)))
     return table
 

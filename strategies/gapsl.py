@@ -214,7 +214,8 @@ class GAPSL(PSL):
         self.last_selected = 0
         self.ablation_rng = np.random.default_rng([c.seed, STREAM_ABLATION])
 
-    def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
+    def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]
+                         ) -> dict[int, torch.Tensor | None]:
         """LGI and GDA on the per-client server-side gradients, one step on eq. 8; activation gradients back
         to ``Ŝ`` (None for the others) or to everyone (``gapsl-client-grads``)."""
         c = self.cfg

@@ -37,7 +37,6 @@ import torch
 from torch import nn
 
 from fl_app.config import Option
-from fl_app.device import to_device
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.registry import register
 from strategies.split import ZO_OPTIONS, SyncSplitStrategy, copy_model
