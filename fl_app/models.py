@@ -67,6 +67,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import logging
+
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
@@ -616,8 +618,13 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
       the GAS authors' code uses), drawn from the same seed.
     * ``init="ringsfl"``: RingSFL's init (section 4.1): conv weights
       Kaiming-normal (fan-out, ReLU gain), linear weights normal(0, 0.01),
-      biases zero, BatchNorm (and LayerNorm) weight 1 / bias 0; a ViT's class
-      token and position embedding as in ``"default"`` (:func:`_ringsfl_init`).
+      biases zero, BatchNorm weight 1 / bias 0 (:func:`_ringsfl_init`), on
+      the models with BatchNorm (``vgg16``, ``resnet18``), the only ones the
+      authors' code applies it to (ShenJinglong/DistRingSFL: ResNet-18,
+      VGG-16, MobileNet). A model without BatchNorm keeps PyTorch's own init,
+      as their LeNet and AlexNet do, and one line is logged saying so (once
+      per model and process): three stacked N(0, 0.01) linear layers
+      without BatchNorm start at a saddle (loss 2.30).
 
     Args:
         name: one of :data:`MODELS`.
@@ -642,18 +649,32 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
     shape = _check_input_shape(input_shape)
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ConfigError(f"num_classes must be a positive int, got {num_classes!r}")
-    if init == "ringsfl":
-        init_fn = _ringsfl_init
-    elif init == "torch-default":
-        init_fn = lambda block: None  # noqa: E731 - keep the layers' own reset_parameters()
-    else:
-        init_fn = _transformer_init if name == "vit-small" else _he_init
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         blocks = _BUILDERS[name](shape, num_classes)
+        if init == "ringsfl" and not any(isinstance(m, nn.BatchNorm2d) for _, b in blocks for m in b.modules()):
+            _note_once(name, f"init=ringsfl: {name} has no BatchNorm, and the RingSFL authors apply their init only "
+                             "to their BatchNorm models; using PyTorch's default init, as their code does")
+            init = "torch-default"
+        if init == "ringsfl":
+            init_fn = _ringsfl_init
+        elif init == "torch-default":
+            init_fn = lambda block: None  # noqa: E731 - keep the layers' own reset_parameters()
+        else:
+            init_fn = _transformer_init if name == "vit-small" else _he_init
         for _, block in blocks:
             init_fn(block)
     return BlockModel(blocks, name=name)
+
+
+_NOTED: set[str] = set()
+
+
+def _note_once(key: str, message: str) -> None:
+    """Log ``message`` on the ``sflower`` logger the first time ``key`` is seen in this process."""
+    if key not in _NOTED:
+        _NOTED.add(key)
+        logging.getLogger("sflower").warning(message)
 
 
 def _he_init(module: nn.Module) -> None:
