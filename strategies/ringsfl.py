@@ -267,8 +267,17 @@ class RingSFL(SFLStrategy):
             raise ConfigError(f"ringsfl trains with SGD (eqs. 4-7), not optimizer={cfg.get('optimizer')}")
 
     def summary(self) -> None:
-        """Log the strategy and its main settings."""
+        """Log the strategy and its main settings, and one warning for v2 under momentum.
+
+        Eq. 7's overlap multiplier scales the learning rate of a block that
+        ``k`` paths train by ``k``. The authors derived it for plain SGD: their
+        code steps once per path, with no momentum. Under momentum the scaled
+        steps accumulate in the momentum buffer, which eq. 7 does not account for.
+        """
         c = self.cfg
+        if c.ring_version == 2 and c.momentum > 0:
+            log.warning("ringsfl v2: eq. 7's overlap multiplier assumes plain SGD (the authors step once per path, "
+                        "with no momentum), but momentum=%g; the authors run momentum=0 lr=0.02", c.momentum)
         log.info("ringsfl v%d: %d clients, lengths %s, %d global iterations, %d steps per round, B=%d, lr=%g, "
                  "D2D %g Mbit/s, %d failures per round", c.ring_version, c.num_clients, c.ring_lengths or "from speeds",
                  c.global_iterations, c.local_iterations, c.batch_size, c.lr, c.d2d_rate, c.drop_per_round)

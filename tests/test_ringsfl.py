@@ -401,3 +401,21 @@ def test_bench_ring_quick(shared_data, tmp_path):
     assert out["max_abs_diff"] < 1e-6
     assert out["inprocess"]["exchanges"] == 3 * (5 * 5 + 5 * 4 + 5)  # per step: 5 paths of 5 forwards and 4 backwards, 5 steps
     assert out["inprocess"]["ratio_to_oracle"] > 0 and "ray" not in out
+
+
+@pytest.mark.parametrize("version,momentum,warned", [(2, 0.9, True), (2, 0.0, False), (1, 0.9, False)])
+def test_v2_under_momentum_warns_in_one_line(version, momentum, warned, caplog):
+    """Eq. 7's overlap multiplier is defined for plain SGD: v2 with momentum says so, once, in one line."""
+    from fl_app.task import load_task
+    from simulation.clock import VirtualClock
+    from strategies.clock import ZeroTiming
+    from strategies.registry import get_strategy
+
+    cfg = make_cfg(strategy="ringsfl", model="lenet5", num_clients=3, concurrency=3, ring_version=version,
+                   momentum=momentum)
+    s = get_strategy("ringsfl")(cfg, load_task(cfg), clock=VirtualClock(), timing=ZeroTiming(), progress=False)
+    with caplog.at_level("WARNING", logger="sflower"):
+        s.summary()
+    notes = [r.getMessage() for r in caplog.records if "plain SGD" in r.getMessage()]
+    assert len(notes) == (1 if warned else 0)
+    assert all("\n" not in n and "momentum=0.9" in n for n in notes)
