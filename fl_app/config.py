@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     # training (GAS paper defaults: lr 0.01, momentum 0.9, wd 5e-4, clip 10, B 32)
     "global-iterations": 6,  # the main job (sflower run) in under 3 minutes on 2 cores, at >= 0.95 on mnist-5k
     "local-iterations": 20,
+    "local-epochs": 0,  # > 0: each client's local work is N passes over its partition (overrides local-iterations)
     "batch-size": 32,
     "lr": 0.01,
     "client-lr": 0.0,
@@ -114,7 +115,7 @@ DEFAULTS: dict[str, Any] = {
 CORE_KEYS: tuple[str, ...] = (
     "strategy", "dataset", "data-dir", "model", "cut-layer", "num-clients", "concurrency",
     "partition", "alpha", "shards", "min-partition-size", "heterogeneity", "batch-parallel",
-    "downlink", "straggler-rate", "global-iterations", "local-iterations", "batch-size", "lr", "client-lr", "server-lr-split", "optimizer", "init", "device", "momentum",
+    "downlink", "straggler-rate", "global-iterations", "local-iterations", "local-epochs", "batch-size", "lr", "client-lr", "server-lr-split", "optimizer", "init", "device", "momentum",
     "weight-decay", "clip-norm", "preset", "seed", "eval-every", "eval-samples", "target-accuracy",
     "max-virtual-time", "clock", "node-timeout", "min-clients", "join-timeout", "checkpoint-every", "output-dir",
 )
@@ -258,7 +259,7 @@ class RunConfig:
                     "client-lr"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
-        for key in ["buffer-activations", "buffer-models", "fl-buffer", "eval-every", "eval-samples", "dissimilarity-every", "seed", "min-partition-size",
+        for key in ["local-epochs", "buffer-activations", "buffer-models", "fl-buffer", "eval-every", "eval-samples", "dissimilarity-every", "seed", "min-partition-size",
                     "drop-per-round", "checkpoint-every"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")

@@ -199,9 +199,9 @@ class SFLStrategy(Strategy):
     def summary(self) -> None:
         """Log the strategy and its main settings."""
         c = self.cfg
-        log.info("%s: %d clients, %d concurrent, %d global iterations, E=%d, B=%d, lr=%g",
-                 self.name, c.num_clients, c.concurrency, c.global_iterations,
-                 c.local_iterations, c.batch_size, c.lr)
+        local = f"{c.local_epochs} local epochs" if c.local_epochs else f"E={c.local_iterations}"
+        log.info("%s: %d clients, %d concurrent, %d global iterations, %s, B=%d, lr=%g",
+                 self.name, c.num_clients, c.concurrency, c.global_iterations, local, c.batch_size, c.lr)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
               timeout: float | None = None, train_config: ConfigRecord | None = None,
@@ -523,6 +523,20 @@ class SFLStrategy(Strategy):
         if k == 0:
             return []
         return [int(pool[i]) for i in self.rng.choice(len(pool), size=k, replace=False)]
+
+    def local_steps(self, pid: int, batch: int | None = None) -> int:
+        """Client ``pid``'s local iterations in one local round (E).
+
+        ``local-iterations``; or, with ``local-epochs=N > 0``, ``N`` passes over
+        its own partition of ``|D_k|`` examples: ``N·⌊|D_k|/b⌋`` steps of
+        ``b = batch`` (default ``batch-size``) examples, at least ``N`` (the
+        authors' loaders drop the last partial batch). With unequal partitions
+        the counts differ per client.
+        """
+        c = self.cfg
+        if not c.local_epochs:
+            return c.local_iterations
+        return c.local_epochs * max(1, self.clients[pid].num_examples // (batch or c.batch_size))
 
     def aggregation_weight(self, pid: int) -> float:
         """Weight of a client's model in averaging: ``|D_k|`` (GAS eq. 10), or 1 with ``aggregation=uniform``."""

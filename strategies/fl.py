@@ -41,13 +41,14 @@ class FullModelMixin(SFLStrategy):
         """The global model."""
         return self.model
 
-    def fit_request(self, weights: ArrayRecord) -> Request:
-        """``train.fit``: E local iterations from ``weights`` (encoded once by the caller);
-        timed as E·B forward+backward passes."""
+    def fit_request(self, weights: ArrayRecord, pid: int) -> Request:
+        """``train.fit``: E local iterations (:meth:`local_steps` of ``pid``) from ``weights`` (encoded once
+        by the caller); timed as E·B forward+backward passes."""
         c = self.cfg
         n = self.costs.num_blocks
-        flops = c.local_iterations * (self.costs.flops(0, n, c.batch_size, forward=True, backward=True))
-        config = P.FitConfig(local_iterations=c.local_iterations, batch_size=c.batch_size, lr=c.client_lr or c.lr,
+        steps = self.local_steps(pid)
+        flops = steps * (self.costs.flops(0, n, c.batch_size, forward=True, backward=True))
+        config = P.FitConfig(local_iterations=steps, batch_size=c.batch_size, lr=c.client_lr or c.lr,
                              momentum=c.momentum, weight_decay=c.weight_decay, clip_norm=c.clip_norm,
                              optimizer=c.optimizer)
         content = RecordDict({P.WEIGHTS: weights, P.CONFIG: config.to_record()})
@@ -64,7 +65,7 @@ class FedAvg(FullModelMixin, SyncStrategy):
     def run_round(self, cohort: list[int]) -> None:
         """Local training on the cohort, then the weighted average."""
         start = P.state_record(self.model.state_dict())
-        replies = self.gather({pid: self.fit_request(start) for pid in cohort})
+        replies = self.gather({pid: self.fit_request(start, pid) for pid in cohort})
         if replies:
             states = {p: P.record_state(P.array_of(c, P.WEIGHTS)) for p, c in replies.items()}
             self.model.load_state_dict(average_uploads(states, self.aggregation_weight))
@@ -99,7 +100,7 @@ class BufferedFL(FullModelMixin, AsyncStrategy):
             state = {k: v.clone() for k, v in self.model.state_dict().items()}
             self.snapshots[self.version] = (state, P.state_record(state))
         self.started[pid] = self.version
-        self.send(pid, self.fit_request(self.snapshots[self.version][1]))
+        self.send(pid, self.fit_request(self.snapshots[self.version][1], pid))
 
     def on_reply(self, reply: Reply) -> None:
         """Buffer ``Δ_k = w_k − w_start``; flush K updates into the global model."""

@@ -155,7 +155,7 @@ class GAS(SplitMixin, AsyncStrategy):
             grad = activation_gradient(self.server_model, x, y, prior)
         self.progress_of[pid] += 1
         self.client_iterations += 1
-        done = self.progress_of[pid] >= self.cfg.local_iterations
+        done = self.progress_of[pid] >= self.local_steps(pid)
         nxt = P.NEXT_WEIGHTS if done else P.NEXT_FORWARD
         self.send(pid, self.backward_request(grad, nxt, self.cfg.batch_size))
         self.activation_buffer.append((x, y))

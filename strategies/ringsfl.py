@@ -278,9 +278,10 @@ class RingSFL(SFLStrategy):
         if c.ring_version == 2 and c.momentum > 0:
             log.warning("ringsfl v2: eq. 7's overlap multiplier assumes plain SGD (the authors step once per path, "
                         "with no momentum), but momentum=%g; the authors run momentum=0 lr=0.02", c.momentum)
-        log.info("ringsfl v%d: %d clients, lengths %s, %d global iterations, %d steps per round, B=%d, lr=%g, "
+        per_round = f"{c.local_epochs} local epochs" if c.local_epochs else f"{c.local_iterations} steps"
+        log.info("ringsfl v%d: %d clients, lengths %s, %d global iterations, %s per round, B=%d, lr=%g, "
                  "D2D %g Mbit/s, %d failures per round", c.ring_version, c.num_clients, c.ring_lengths or "from speeds",
-                 c.global_iterations, c.local_iterations, c.batch_size, c.lr, c.d2d_rate, c.drop_per_round)
+                 c.global_iterations, per_round, c.batch_size, c.lr, c.d2d_rate, c.drop_per_round)
 
     def initialize(self) -> None:
         """The global model ``W^t``."""
@@ -334,7 +335,13 @@ class RingSFL(SFLStrategy):
             return [], -1
         rng = np.random.default_rng([self.cfg.seed, STREAM_RING_DROP, self.global_iteration])
         chosen = sorted(int(members[i]) for i in rng.choice(len(members), size=k, replace=False))
-        return chosen, int(rng.integers(0, self.cfg.local_iterations))
+        return chosen, int(rng.integers(0, self.ring_steps(members)))
+
+    def ring_steps(self, members: Sequence[int]) -> int:
+        """Steps of a round: ``local-iterations``, or with ``local-epochs`` the most of the members'
+        :meth:`~strategies.base.SFLStrategy.local_steps` (every step feeds one batch of every member;
+        a member whose partition runs out starts its next pass)."""
+        return max(self.local_steps(int(p)) for p in members)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
@@ -385,7 +392,7 @@ class RingSFL(SFLStrategy):
         weight = [d / sum(data) for d in data]  # a_i = D_i / ΣD
         scale = overlap_counts(self.lengths) if c.ring_version == 2 else None
         opt = {"momentum": c.momentum, "weight_decay": c.weight_decay, "clip_norm": c.clip_norm}
-        steps, batch = c.local_iterations, c.batch_size
+        steps, batch = self.ring_steps(ring), c.batch_size
         start = P.state_record(self.model.state_dict())
 
         # What a hop sends does not depend on the step: built once per (origin, hop). The config

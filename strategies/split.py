@@ -403,18 +403,28 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         return self.weights_request(upload=self.uploads_models)
 
     def run_round(self, cohort: list[int]) -> None:
-        """Forward from the start weights, E exchanges, collect the client-side models."""
+        """Forward from the start weights, E exchanges, collect the client-side models.
+
+        Each client makes its own E (:meth:`~strategies.base.SFLStrategy.local_steps`):
+        with ``local-epochs`` and unequal partitions, a client whose count is
+        reached returns its model and leaves the round; the server's later
+        iterations see the clients still training.
+        """
         sizes = {pid: self.batch_size_for(pid, cohort) for pid in cohort}
+        steps = {pid: self.local_steps(pid, sizes[pid]) for pid in cohort}
         self.begin_round(cohort)
         start = self.start_weights()
         replies = self.gather({pid: self.forward_request(sizes[pid], start, timed_end=self.timed_cut(pid))
                                for pid in cohort})
-        local = self.cfg.local_iterations
-        for e in range(local):
+        uploads: dict[int, dict[str, torch.Tensor]] = {}
+        done = 0
+        while replies:
             grads = self.server_iteration({pid: self.smashed_of(pid, c) for pid, c in replies.items()})
-            nxt = P.NEXT_FORWARD if e < local - 1 else P.NEXT_WEIGHTS
-            replies = self.gather({pid: self.next_request(pid, g, nxt, sizes[pid]) for pid, g in grads.items()})
-        uploads = {pid: self.weights_of(c)[0] for pid, c in replies.items()}
+            done += 1
+            replies = self.gather({pid: self.next_request(pid, g, P.NEXT_FORWARD if done < steps[pid] else
+                                                          P.NEXT_WEIGHTS, sizes[pid]) for pid, g in grads.items()})
+            uploads.update({pid: self.weights_of(c)[0] for pid, c in replies.items() if done >= steps[pid]})
+            replies = {pid: c for pid, c in replies.items() if done < steps[pid]}
         self.collect_client_models(uploads)
         self.end_round(sorted(uploads))
 

@@ -144,7 +144,9 @@ class VanillaSL(SplitFedV2):
       stopped. A global iteration is E batches in all, the paper's
       ``local_epoch × batch_num`` steps of SL per round (RingSFL, footnote 2).
       Each batch is a forward with the current client-side model, one server
-      step, and a backward whose reply returns the client-side model.
+      step, and a backward whose reply returns the client-side model. With
+      ``local-epochs=N``, a global iteration is N passes over the cohort's
+      data: ``Σ_k N·⌊|D_k|/B⌋`` batches.
     """
 
     name = "vanilla-sl"
@@ -164,7 +166,8 @@ class VanillaSL(SplitFedV2):
                 super().run_round([pid])
             return
         order = sorted(cohort)
-        for _ in range(self.cfg.local_iterations):
+        total = sum(self.local_steps(p) for p in order) if self.cfg.local_epochs else self.cfg.local_iterations
+        for _ in range(total):
             pid = order[self.turn % len(order)]
             self.turn += 1
             replies = self.gather({pid: self.forward_request(self.cfg.batch_size, self.start_weights())})
