@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "num-clients": 20,
     "concurrency": 10,
     "partition": "shard",
+    "normalize": "dataset",
     "alpha": 0.1,
     "shards": 2,
     "min-partition-size": 1,
@@ -114,7 +115,7 @@ DEFAULTS: dict[str, Any] = {
 #: strategies`` prints them), and a test keeps both tables equal.
 CORE_KEYS: tuple[str, ...] = (
     "strategy", "dataset", "data-dir", "model", "cut-layer", "num-clients", "concurrency",
-    "partition", "alpha", "shards", "min-partition-size", "heterogeneity", "batch-parallel",
+    "partition", "normalize", "alpha", "shards", "min-partition-size", "heterogeneity", "batch-parallel",
     "downlink", "straggler-rate", "global-iterations", "local-iterations", "local-epochs", "batch-size", "lr", "client-lr", "server-lr-split", "optimizer", "init", "device", "momentum",
     "weight-decay", "clip-norm", "preset", "seed", "eval-every", "eval-samples", "target-accuracy",
     "max-virtual-time", "clock", "node-timeout", "min-clients", "join-timeout", "checkpoint-every", "output-dir",
@@ -140,6 +141,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                     "heterogeneity": "exponential", "global-iterations": 100, "local-iterations": 1,
                     "lr": 0.008, "momentum": 0.0, "weight-decay": 0.0, "perturbations": 8, "server-steps": 2,
                     "zo-clip": 0.0},
+    # The RingSFL authors' code (ShenJinglong/StalRingSFL, models in DistRingSFL):
+    # their LeNet (average pooling) with PyTorch's init, plain SGD at lr 0.02, B = 64,
+    # pixels normalised to [-1, 1], rounds of 2 local epochs (374 steps on MNIST's
+    # 12,000 images a client), 5 clients; their IID split is 5 contiguous chunks in
+    # file order (give partition=label-sorted for their non-IID split).
+    "ringsfl-reference": {"model": "lenet5-ringsfl", "init": "torch-default", "lr": 0.02, "momentum": 0.0,
+                          "weight-decay": 0.0, "clip-norm": 0.0, "batch-size": 64, "normalize": "half",
+                          "local-epochs": 2, "num-clients": 5, "concurrency": 5, "partition": "contiguous"},
 }
 
 
@@ -286,7 +295,8 @@ class RunConfig:
             raise ConfigError(f"need 0 < gapsl-k-min <= gapsl-k-max <= 1, got {self.gapsl_k_min} and {self.gapsl_k_max}")
         for key, choices in (("optimizer", ("sgd", "adamw")), ("init", ("default", "ringsfl", "torch-default")),
                              ("sl-order", ("client", "batch")), ("server-optimizer", ("sgd", "zo")),
-                             ("gapsl-client-grads", ("selected", "all")), ("psl-loss", ("mean", "sum"))):
+                             ("gapsl-client-grads", ("selected", "all")), ("psl-loss", ("mean", "sum")),
+                             ("normalize", ("dataset", "half"))):
             if self.get(key) not in choices:
                 raise ConfigError(f"{key} must be one of {', '.join(choices)}; got '{self.get(key)}'")
         from fl_app.device import check_device_name

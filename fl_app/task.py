@@ -13,6 +13,7 @@ is the examples in its own directory and its one partition is all of them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import os
 from collections.abc import Iterator, Sequence
@@ -30,7 +31,7 @@ from fl_app.models import BlockModel, BlockProfile, build_model, profile_blocks,
 #: Keys of the run configuration that define the task (data, partition, model).
 TASK_KEYS = (
     "dataset", "data-dir", "partition", "alpha", "shards", "min-partition-size", "num-clients",
-    "model", "cut-layer", "seed", "init",
+    "model", "cut-layer", "seed", "init", "normalize",
 )
 
 
@@ -127,7 +128,7 @@ def preload_task(cfg: RunConfig, task: Task) -> None:
 @functools.lru_cache(maxsize=4)
 def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
     values = dict(key)
-    data = load_dataset(str(values["dataset"]), str(values["data-dir"]) or None)
+    data = normalised(load_dataset(str(values["dataset"]), str(values["data-dir"]) or None), str(values["normalize"]))
     parts = partition_indices(
         data.y_train.numpy(),
         int(values["num-clients"]),
@@ -148,6 +149,19 @@ def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
     )
     task.split()  # validates model name and cut layer
     return task
+
+
+def normalised(data: ImageDataset, scheme: str) -> ImageDataset:
+    """``data`` with the pixel normalisation of ``normalize``.
+
+    ``dataset``: the dataset's own mean and standard deviation (unchanged).
+    ``half``: ``(x − 0.5) / 0.5`` per channel, i.e. pixels in ``[−1, 1]``,
+    as the RingSFL authors' loaders (``Normalize((0.5,), (0.5,))``).
+    """
+    if scheme == "half":
+        c = len(data.mean)
+        return dataclasses.replace(data, mean=(0.5,) * c, std=(0.5,) * c)
+    return data
 
 
 class DevicePartition(Sequence):
@@ -194,7 +208,7 @@ def load_device_task(cfg: RunConfig, data_dir: str) -> Task:
 @functools.lru_cache(maxsize=4)
 def _load_device_task(key: tuple[tuple[str, object], ...], data_dir: str) -> Task:
     values = dict(key)
-    data = load_device_dataset(str(values["dataset"]), data_dir)
+    data = normalised(load_device_dataset(str(values["dataset"]), data_dir), str(values["normalize"]))
     task = Task(
         data=data,
         partitions=DevicePartition(data.x_train.shape[0]),

@@ -71,3 +71,41 @@ def test_async_and_fl_honour_local_epochs(tmp_path):
 def test_bad_local_epochs(tmp_path, capsys):
     assert main(cli_args({**RUN, "local-epochs": -1, "output-dir": tmp_path / "bad"})) == 2
     assert "local-epochs must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("strategy", ["ringsfl", "minibatch-sfl"])
+def test_equal_partitions_epochs_are_that_many_iterations(tmp_path, strategy):
+    """preset=ringsfl-reference on mnist-5k: 5 contiguous chunks of 800, B = 64, 2 local epochs: exactly
+    local-iterations=24, bit for bit."""
+    import pandas as pd
+
+    keys = {"strategy": strategy, "preset": "ringsfl-reference", "global-iterations": 1, "eval-samples": 500}
+    if strategy == "ringsfl":
+        keys["ring-lengths"] = "8:1:1:1:1"
+    for name, extra in (("epochs", {}), ("iterations", {"local-epochs": 0, "local-iterations": 24})):
+        assert main(cli_args({**keys, **extra, "output-dir": tmp_path / name}, "-q")) == 0
+    a, b = (pd.read_csv(tmp_path / n / "metrics.csv").drop(columns=["wall_time_s"]) for n in ("epochs", "iterations"))
+    assert a.equals(b)
+    one = json.loads((tmp_path / "epochs" / "summary.json").read_text())
+    assert one["client_examples"] == {str(k): 800 for k in range(5)}
+
+
+def test_ringsfl_reference_preset_and_its_data():
+    """The RingSFL authors' choices: their LeNet, PyTorch's init, plain SGD at 0.02, B = 64, pixels in
+    [-1, 1], 2 local epochs, 5 clients holding contiguous chunks in file order."""
+    import torch
+
+    from fl_app.config import RunConfig
+    from fl_app.task import load_task
+
+    cfg = RunConfig.from_mapping({"preset": "ringsfl-reference"})
+    assert (cfg.model, cfg.init, cfg.lr, cfg.momentum, cfg.batch_size, cfg.local_epochs, cfg.num_clients) == \
+        ("lenet5-ringsfl", "torch-default", 0.02, 0.0, 64, 2, 5)
+    task = load_task(cfg)
+    n = task.data.y_train.shape[0]
+    assert [p.tolist() for p in task.partitions] == [list(range(i * n // 5, (i + 1) * n // 5)) for i in range(5)]
+    x, _ = task.data.train_batch(task.partitions[0][:8])
+    raw = task.data.x_train[task.partitions[0][:8]].to(torch.float32) / 255
+    assert torch.allclose(x, (raw - 0.5) / 0.5, atol=1e-6) and float(x.min()) == -1.0
+    plain = load_task(RunConfig.from_mapping({}))
+    assert plain.data.mean == (0.1307,)  # the default keeps the dataset's own statistics

@@ -17,7 +17,7 @@ from fl_app.errors import ConfigError
 
 __all__ = ["PARTITIONS", "partition_indices", "label_sorted_partition"]
 
-PARTITIONS: tuple[str, ...] = ("iid", "dirichlet", "shard", "label-sorted")
+PARTITIONS: tuple[str, ...] = ("iid", "dirichlet", "shard", "label-sorted", "contiguous")
 
 
 def partition_indices(
@@ -53,6 +53,10 @@ def partition_indices(
       sizes differ by at most one, no row left out); no randomness, no
       flwr-datasets. The non-IID split of the RingSFL authors' code (5
       clients: about 2 classes each).
+    * ``contiguous``: the rows in file order cut into ``num_partitions``
+      contiguous chunks of near-equal size (``np.array_split``); no
+      randomness. The RingSFL authors' IID split (MNIST's file order is not
+      sorted by label).
 
     Args:
         labels: ``[N]`` integer labels of the training set.
@@ -110,6 +114,8 @@ def partition_indices(
     labels = labels.astype(np.int64, copy=False)
     if scheme == "label-sorted":
         return label_sorted_partition(labels, num_partitions)
+    if scheme == "contiguous":
+        return [chunk.copy() for chunk in np.array_split(np.arange(n, dtype=np.int64), num_partitions)]
     key = hashlib.sha1(np.ascontiguousarray(labels).tobytes()).hexdigest()
     min_size = max(1, int(min_partition_size)) if scheme == "dirichlet" else 1
     cached = _partition_lru(key, n, num_partitions, scheme, alpha, shards, int(seed), min_size, _Unhashed(labels))
