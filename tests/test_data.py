@@ -513,7 +513,7 @@ def test_label_histogram():
 
 def test_public_names():
     assert D.DATASETS == ("mnist-5k", "mnist", "fashion-mnist", "cifar10", "cifar100")
-    assert D.PARTITIONS == ("iid", "dirichlet", "shard", "label-sorted")
+    assert D.PARTITIONS == ("iid", "dirichlet", "shard", "label-sorted", "contiguous")
     for obj in (D.ImageDataset, D.ImageDataset.train_batch, D.ImageDataset.test_batches,
                 D.load_dataset, D.partition_indices, D.label_histogram):
         assert obj.__doc__
