@@ -135,8 +135,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # stragglers, one exchange per round (Algorithm 1), tau = 2 (its best in
     # Table 1), ZO-SGD on both sides without clipping (as the paper). The model is LeNet-5 cut
     # after conv1 (156 client parameters, 61k server ones), not the paper's
-    # AlexNet, whose 3M-parameter ZO server does not learn at CPU budgets; lr and
-    # P are the tuning grid's (README: "MU-SplitFed").
+    # AlexNet, whose 3M-parameter ZO server diverges at this lr and learns about
+    # ten times slower per wall second at a stable one; lr and P are the tuning
+    # grid's (README: "MU-SplitFed").
     "mu-splitfed": {"model": "lenet5", "cut-layer": 3, "num-clients": 10, "concurrency": 5, "partition": "iid",
                     "heterogeneity": "exponential", "global-iterations": 100, "local-iterations": 1,
                     "lr": 0.008, "momentum": 0.0, "weight-decay": 0.0, "perturbations": 8, "server-steps": 2,

@@ -530,8 +530,8 @@ class SFLStrategy(Strategy):
         ``local-iterations``; or, with ``local-epochs=N > 0``, ``N`` passes over
         its own partition of ``|D_k|`` examples: ``N·⌊|D_k|/b⌋`` steps of
         ``b = batch`` (default ``batch-size``) examples, at least ``N`` (the
-        authors' loaders drop the last partial batch). With unequal partitions
-        the counts differ per client.
+        RingSFL authors' loaders drop the last partial batch, as sflower's
+        sampler does). With unequal partitions the counts differ per client.
         """
         c = self.cfg
         if not c.local_epochs:
