@@ -34,7 +34,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -537,6 +537,16 @@ class SFLStrategy(Strategy):
         if not c.local_epochs:
             return c.local_iterations
         return c.local_epochs * max(1, self.clients[pid].num_examples // (batch or c.batch_size))
+
+    def cohort_steps(self, members: Sequence[int]) -> int:
+        """Steps of a round that feeds every member in lockstep or in turn: the most of the
+        members' :meth:`local_steps` (``local-iterations`` without ``local-epochs``).
+
+        RingSFL's round (every step feeds one batch of every member; a member whose
+        partition runs out starts its next pass) and vanilla SL's ``sl-order=batch``
+        round, which RingSFL §6 counts as ``local_epoch_num × batch_num`` steps, a
+        client's batches per epoch, not the cohort's."""
+        return max(self.local_steps(int(p)) for p in members)
 
     def aggregation_weight(self, pid: int) -> float:
         """Weight of a client's model in averaging: ``|D_k|`` (GAS eq. 10), or 1 with ``aggregation=uniform``."""

@@ -335,13 +335,7 @@ class RingSFL(SFLStrategy):
             return [], -1
         rng = np.random.default_rng([self.cfg.seed, STREAM_RING_DROP, self.global_iteration])
         chosen = sorted(int(members[i]) for i in rng.choice(len(members), size=k, replace=False))
-        return chosen, int(rng.integers(0, self.ring_steps(members)))
-
-    def ring_steps(self, members: Sequence[int]) -> int:
-        """Steps of a round: ``local-iterations``, or with ``local-epochs`` the most of the members'
-        :meth:`~strategies.base.SFLStrategy.local_steps` (every step feeds one batch of every member;
-        a member whose partition runs out starts its next pass)."""
-        return max(self.local_steps(int(p)) for p in members)
+        return chosen, int(rng.integers(0, self.cohort_steps(members)))
 
     # ------------------------------------------------------------------ loop
     def run(self) -> None:
@@ -392,7 +386,7 @@ class RingSFL(SFLStrategy):
         weight = [d / sum(data) for d in data]  # a_i = D_i / ΣD
         scale = overlap_counts(self.lengths) if c.ring_version == 2 else None
         opt = {"momentum": c.momentum, "weight_decay": c.weight_decay, "clip_norm": c.clip_norm}
-        steps, batch = self.ring_steps(ring), c.batch_size
+        steps, batch = self.cohort_steps(ring), c.batch_size
         start = P.state_record(self.model.state_dict())
 
         # What a hop sends does not depend on the step: built once per (origin, hop). The config

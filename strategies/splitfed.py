@@ -145,8 +145,12 @@ class VanillaSL(SplitFedV2):
       ``local_epoch × batch_num`` steps of SL per round (RingSFL, footnote 2).
       Each batch is a forward with the current client-side model, one server
       step, and a backward whose reply returns the client-side model. With
-      ``local-epochs=N``, a global iteration is N passes over the cohort's
-      data: ``Σ_k N·⌊|D_k|/B⌋`` batches.
+      ``local-epochs=N``, a global iteration is ``N·⌊|D_k|/B⌋`` batches in all
+      (the most over the cohort), as RingSFL §6 counts it: "when vanilla SL
+      updates local_epoch_num × batch_num steps, we treat it as a round", where
+      batch_num is one client's batches per epoch (the authors' ``vanilla_sl.py``
+      takes ``len(trainloaders[0])``). A round of SL thus sees 1/K of the
+      cohort's data, the same number of steps as a RingSFL round.
     """
 
     name = "vanilla-sl"
@@ -166,8 +170,7 @@ class VanillaSL(SplitFedV2):
                 super().run_round([pid])
             return
         order = sorted(cohort)
-        total = sum(self.local_steps(p) for p in order) if self.cfg.local_epochs else self.cfg.local_iterations
-        for _ in range(total):
+        for _ in range(self.cohort_steps(order)):
             pid = order[self.turn % len(order)]
             self.turn += 1
             replies = self.gather({pid: self.forward_request(self.cfg.batch_size, self.start_weights())})

@@ -68,6 +68,14 @@ def test_async_and_fl_honour_local_epochs(tmp_path):
         assert P.FitConfig.from_record(P.config_of(req.content, P.CONFIG)).local_iterations == want
 
 
+def test_vanilla_sl_batch_order_round_is_one_clients_epochs(tmp_path):
+    """RingSFL §6: a round of vanilla SL is ``local_epoch_num × batch_num`` steps, batch_num being one
+    client's batches per epoch (the most over the cohort with unequal partitions), not the cohort's sum."""
+    sl = _run(tmp_path, "sl", strategy="vanilla-sl", **{"sl-order": "batch", "local-epochs": 2})
+    steps = _steps(sl, epochs=2)
+    assert sl["server_updates"] == max(steps) < sum(steps)
+
+
 def test_bad_local_epochs(tmp_path, capsys):
     assert main(cli_args({**RUN, "local-epochs": -1, "output-dir": tmp_path / "bad"})) == 2
     assert "local-epochs must be >= 0" in capsys.readouterr().err
