@@ -11,7 +11,10 @@ slots** (:data:`fl_app.protocol.OWN_SLOT` for its own client-side model,
 ``data.sampler``           Config  ``epoch``, ``pos``, ``step`` of the sampler
 ``slot.<name>.weights``    Array   the slot's weights (absent: the seeded
                                    initial weights of its blocks)
-``slot.<name>.optimizer``  Array   SGD momentum buffers of the slot
+``slot.<name>.optimizer``  Array   SGD momentum buffers of the slot (a
+                                   ``train.backward`` carrying
+                                   :data:`~fl_app.protocol.OPTIMIZER`
+                                   replaces them and returns the new ones)
 ``slot.<name>.accum``      Array   accumulated weighted parameter gradients
 ``slot.<name>.batch``      Config  ``start``, ``end`` of the slot's range;
                                    for own data ``indices`` and ``step`` of
@@ -560,10 +563,17 @@ def train_backward(msg: Message, context: Context) -> Message:
     if acts.shape != grad.shape:
         raise ValueError(f"gradient shape {tuple(grad.shape)} != activation shape {tuple(acts.shape)}")
     acts.backward(grad)
+    shared = P.get_array(msg.content, P.OPTIMIZER)
+    if shared is not None:  # the server's optimizer state replaces the slot's (GAS client-momentum=shared)
+        slot.drop("optimizer")  # replaced, not merged: an empty record means no momentum yet
+        if len(shared):
+            slot.put("optimizer", shared)
     slot.apply_gradients(model, cfg)
 
-    content = _then(node, model, cfg.next, lambda: node.forward(slot, model, start, end, cfg.batch_size),
-                    RecordDict(_input_gradient_record(x, start)))
+    content = RecordDict(_input_gradient_record(x, start))
+    if shared is not None:
+        content[P.OPTIMIZER] = slot.array("optimizer")
+    content = _then(node, model, cfg.next, lambda: node.forward(slot, model, start, end, cfg.batch_size), content)
     return Message(content, reply_to=msg)
 
 

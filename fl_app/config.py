@@ -66,6 +66,7 @@ DEFAULTS: dict[str, Any] = {
     # FL baselines
     "server-lr": 1.0,
     "fl-buffer": 0,
+    "client-momentum": "own",
     "staleness": "none",
     # MU-SplitFed and the ZO baselines
     "client-optimizer": "sgd",
@@ -130,7 +131,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # "Presets"). Their shared, never-reset client optimizer is not carried over
     # yet (issue 20).
     "gas-reference": {"model": "alexnet-gas", "init": "torch-default", "aggregation": "uniform",
-                      "batch-parallel": True},
+                      "batch-parallel": True, "client-momentum": "shared"},
     # MU-SplitFed (mu-splitfed.txt, §5): 10 clients, 5 per round, exponential
     # stragglers, one exchange per round (Algorithm 1), tau = 2 (its best in
     # Table 1), ZO-SGD on both sides without clipping (as the paper). The model is LeNet-5 cut
@@ -297,7 +298,8 @@ class RunConfig:
         for key, choices in (("optimizer", ("sgd", "adamw")), ("init", ("default", "ringsfl", "torch-default")),
                              ("sl-order", ("client", "batch")), ("server-optimizer", ("sgd", "zo")),
                              ("gapsl-client-grads", ("selected", "all")), ("psl-loss", ("mean", "sum")),
-                             ("normalize", ("dataset", "half"))):
+                             ("normalize", ("dataset", "half")), ("client-momentum", ("own", "shared")),
+                             ("class-assignment-mode", ("first-deterministic", "deterministic", "random"))):
             if self.get(key) not in choices:
                 raise ConfigError(f"{key} must be one of {', '.join(choices)}; got '{self.get(key)}'")
         from fl_app.device import check_device_name

@@ -71,6 +71,11 @@ LABELS = "labels"
 GRADIENT = "gradient"
 PERTURBED = "perturbed"
 INFO = "info"
+#: An optimizer state the server holds for its clients (SGD momentum buffers keyed by parameter
+#: name, as ``slot.<name>.optimizer``): sent with a ``train.backward``, it replaces the slot's before
+#: the step, and the reply returns the slot's new state under the same key (GAS's shared client
+#: optimizer, ``client-momentum=shared``). An empty record means "no state yet".
+OPTIMIZER = "optimizer"
 
 # --- keys of the "info" ConfigRecord in replies ----------------------------------
 INFO_PARTITION_ID = "partition-id"

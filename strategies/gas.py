@@ -28,18 +28,21 @@ alone keeps the first-order server step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import torch
+from flwr.app import ArrayRecord
 from torch import nn
 
 from fl_app import protocol as P
 from fl_app.task import seeded_generator
 from fl_app.config import Option
+from fl_app.errors import ConfigError
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.base import AsyncStrategy
-from strategies.dispatcher import Reply
+from strategies.dispatcher import Reply, Request
 from strategies.generation import LabelGaussians
 from strategies.registry import register
 from strategies.split import CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SplitMixin, server_step
@@ -95,6 +98,9 @@ class GAS(SplitMixin, AsyncStrategy):
         Option("weighting", "linear", "progress weight s(n) of eqs. 11-12", ("linear", "exponential", "polynomial")),
         Option("logit-adjust", True, "eq. 6 logit-adjusted loss for G_k"),
         Option("dissimilarity-every", 0, "record Fig. 2's gradient dissimilarity every N server updates (0 = off)"),
+        Option("client-momentum", "own", "client-side SGD momentum: each client's own, from zero every local "
+               "round (own), or one buffer the server holds for all clients, as the GAS authors' single client "
+               "optimizer (shared)", ("own", "shared")),
         AGGREGATION_OPTION,
         CLIENT_OPTIMIZER_OPTION,
         SERVER_OPTIMIZER_OPTION,
@@ -119,6 +125,21 @@ class GAS(SplitMixin, AsyncStrategy):
         self.generated_total = 0
         self.client_iterations = 0
         self.last_dissimilarity = float("nan")
+        #: ``client-momentum=shared``: the server's momentum buffer m and the copy each client was sent
+        self.shared_momentum: dict[str, torch.Tensor] | None = {} if c.client_momentum == "shared" else None
+        self.momentum_sent: dict[int, dict[str, torch.Tensor]] = {}
+
+    @classmethod
+    def check_config(cls, cfg, task) -> None:
+        """``client-momentum=shared`` shares an SGD momentum buffer between first-order clients.
+
+        Raises:
+            ConfigError: ``client-momentum=shared`` with ZO clients or with AdamW.
+        """
+        super().check_config(cfg, task)
+        if cfg.get("client-momentum") == "shared" and (cfg.get("client-optimizer") == "zo" or cfg.optimizer != "sgd"):
+            raise ConfigError("client-momentum=shared needs SGD clients (client-optimizer=sgd optimizer=sgd): "
+                              "it shares an SGD momentum buffer")
 
     def label_prior(self, pid: int) -> torch.Tensor | None:
         """``P_k`` from the handshake histogram, or None with logit adjustment off."""
@@ -133,8 +154,41 @@ class GAS(SplitMixin, AsyncStrategy):
         self.progress_of[pid] = 0
         self.send(pid, self.forward_request(self.cfg.batch_size, P.state_record(self.client_model.state_dict())))
 
+    def with_shared_momentum(self, pid: int, request: Request) -> Request:
+        """``client-momentum=shared``: ``request`` carrying the server's momentum buffer m.
+
+        The GAS authors' code (``GAS_main.py``) steps every client's
+        client-side model with one SGD optimizer, so its momentum buffer mixes
+        all clients' gradients in the order of their iterations. A distributed
+        run cannot share an object, so the server holds m: client k steps with
+        the m it is sent, ``m_k = β·m_sent + d_k`` (``d_k`` its clipped gradient
+        plus weight decay), and returns ``m_k``; the server then folds in
+        ``d_k = m_k − β·m_sent`` as ``m ← β·m + d_k``. When iterations do not
+        overlap, ``m_sent`` is the current m and this is the authors' single
+        optimizer exactly; when they overlap, client k stepped with an m that
+        lacks the gradients folded in meanwhile (a stale m, as its stale model).
+        The buffer travels both ways, one client-side model's worth of bits.
+        """
+        request.content[P.OPTIMIZER] = P.state_record(self.shared_momentum)
+        self.momentum_sent[pid] = self.shared_momentum
+        return dataclasses.replace(request, bits_up=request.bits_up + self.costs.param_bits(0, self.cut))
+
+    def fold_momentum(self, pid: int, returned: ArrayRecord) -> None:
+        """``m ← β·m + (m_k − β·m_sent)`` (see :meth:`with_shared_momentum`)."""
+        beta, sent = self.cfg.momentum, self.momentum_sent.pop(pid, {})
+        new = {}
+        for name, m_k in P.record_state(returned).items():
+            m_k = self.on_device(m_k)
+            old, base = self.shared_momentum.get(name), sent.get(name)
+            d = m_k if base is None else m_k - beta * base
+            new[name] = d if old is None else beta * old + d
+        self.shared_momentum = new
+
     def on_reply(self, reply: Reply) -> None:
         """Activations: answer with G_k and buffer them. Weights: model buffer."""
+        returned = P.get_array(reply.content, P.OPTIMIZER)
+        if returned is not None and self.shared_momentum is not None:
+            self.fold_momentum(reply.pid, returned)
         if P.get_array(reply.content, P.ACTIVATIONS) is not None:
             self.on_activations(reply.pid, *self.smashed_of(reply.pid, reply.content))
         elif P.get_array(reply.content, P.WEIGHTS) is not None:
@@ -157,7 +211,10 @@ class GAS(SplitMixin, AsyncStrategy):
         self.client_iterations += 1
         done = self.progress_of[pid] >= self.local_steps(pid)
         nxt = P.NEXT_WEIGHTS if done else P.NEXT_FORWARD
-        self.send(pid, self.backward_request(grad, nxt, self.cfg.batch_size))
+        request = self.backward_request(grad, nxt, self.cfg.batch_size)
+        if self.shared_momentum is not None:
+            request = self.with_shared_momentum(pid, request)
+        self.send(pid, request)
         self.activation_buffer.append((x, y))
         if sum(int(b[1].numel()) for b in self.activation_buffer) >= self.q_s * self.cfg.batch_size:
             self.flush_activations()
@@ -195,8 +252,9 @@ class GAS(SplitMixin, AsyncStrategy):
             self.end_global_iteration()
 
     def on_failure(self, partition_id: int, action: str, reason: str) -> None:
-        """Drop the failed client's local round."""
+        """Drop the failed client's local round (and the momentum it was sent)."""
         self.progress_of.pop(partition_id, None)
+        self.momentum_sent.pop(partition_id, None)
 
     # ------------------------------------------------------------------ metrics
     def reference_batch(self) -> tuple[torch.Tensor, torch.Tensor]:

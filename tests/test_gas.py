@@ -470,3 +470,49 @@ def test_server_step_without_input_grad_is_bit_identical():
         assert grad.shape == x.shape and none is None and torch.equal(loss, loss2)
     for a, b in zip(model.parameters(), twin.parameters()):
         assert torch.equal(a, b)
+
+
+# =============================================================================
+# client-momentum=shared: one momentum buffer the server holds for all clients
+# =============================================================================
+
+
+def test_shared_momentum_travels_and_folds():
+    """The buffer goes out with every gradient (and is charged both ways); a reply folds
+    ``m <- β·m + (m_k − β·m_sent)``: without overlap m becomes the client's buffer exactly,
+    with overlap the other client's contribution is kept."""
+    s, sent = make_gas(client_momentum="shared", momentum=0.5)
+    own, _ = make_gas()
+    assert own.shared_momentum is None
+    x, y = batch([0, 1, 2, 3], 1)
+    s.progress_of = {0: 0, 1: 0}
+    s.on_activations(0, x, y)
+    (pid, req), = sent
+    assert pid == 0 and len(req.content[P.OPTIMIZER]) == 0  # nothing yet
+    own.progress_of = {0: 0}
+    own.send = lambda pid, r: sent.append((pid, r))
+    own.on_activations(0, x, y)
+    assert req.bits_up == sent[1][1].bits_up + s.costs.param_bits(0, s.cut)
+
+    a = {"w": torch.tensor([1.0, 2.0])}
+    s.fold_momentum(0, P.state_record(a))  # sent {} : m = m_0
+    assert torch.equal(s.shared_momentum["w"], a["w"])
+    # two clients sent the same m; client 0 returns first, then client 1
+    s.momentum_sent = {0: dict(s.shared_momentum), 1: dict(s.shared_momentum)}
+    m0 = {"w": 0.5 * a["w"] + torch.tensor([10.0, 0.0])}  # d_0 = (10, 0)
+    m1 = {"w": 0.5 * a["w"] + torch.tensor([0.0, 4.0])}  # d_1 = (0, 4)
+    s.fold_momentum(0, P.state_record(m0))
+    assert torch.equal(s.shared_momentum["w"], m0["w"])  # no overlap yet: exactly the client's buffer
+    s.fold_momentum(1, P.state_record(m1))
+    assert torch.allclose(s.shared_momentum["w"], 0.5 * m0["w"] + torch.tensor([0.0, 4.0]))
+    assert s.momentum_sent == {}
+
+
+def test_shared_momentum_needs_sgd_clients(tmp_path, capsys):
+    from simulation.cli import main
+    from tests.conftest import cli_args
+
+    for bad in ({"client-optimizer": "zo"}, {"optimizer": "adamw"}):
+        rc = main(cli_args({"strategy": "gas", "client-momentum": "shared", **bad, "output-dir": tmp_path / "x"}))
+        assert rc == 2
+        assert "client-momentum=shared needs SGD clients" in capsys.readouterr().err

@@ -193,6 +193,45 @@ def test_weighted_accumulation_and_lr_scale(relay_setup):
         assert torch.allclose(new[k], w0[k] - opt["lr"] * scale[block] * acc[k], atol=1e-6, rtol=1e-5), k
 
 
+def test_backward_with_a_server_held_optimizer_state(relay_setup):
+    """A ``train.backward`` carrying :data:`~fl_app.protocol.OPTIMIZER` steps with that momentum
+    buffer instead of the slot's own, and returns the new one: ``m' = β·m + g + λ·w``,
+    ``w' = w − lr·m'`` (torch's SGD); an empty record means no buffer yet (``m' = g + λ·w``)."""
+    from strategies.dispatcher import Request
+
+    s, grid, plan = relay_setup
+    task, B = plan.task, 8
+    opt = {"lr": 0.1, "momentum": 0.5, "weight_decay": 0.01, "clip_norm": 0.0}
+    fwd = P.ForwardConfig(slot=P.OWN_SLOT, start=0, end=2, batch_size=B, **opt)
+    back = P.BackwardConfig(next=P.NEXT_WEIGHTS, **opt)
+    g = 1e-3 * torch.randn(B, 64, 7, 7, generator=torch.Generator().manual_seed(1))
+    ref = task.build_model().segment(0, 2)
+    w = {k: v.detach().clone() for k, v in ref.named_parameters()}
+    from fl_app.training import load_batch, sample_batch
+    from flwr.app import ConfigRecord
+
+    sampler = ConfigRecord()
+    m = None
+    for step in range(2):
+        s.gather({0: Request(P.TRAIN_FORWARD, RecordDict({P.CONFIG: fwd.to_record()}))})
+        sent = {} if m is None else {k: 3.0 * v for k, v in m.items()}  # not what the slot would hold
+        got = s.gather({0: Request(P.TRAIN_BACKWARD, RecordDict({
+            P.CONFIG: back.to_record(), P.GRADIENT: P.tensor_record("g", g), P.OPTIMIZER: P.state_record(sent)}))})[0]
+        idx = sample_batch(task, 0, sampler, B)
+        x, _ = load_batch(task, 0, idx, step)
+        ref.load_state_dict(w)
+        ref.zero_grad()
+        ref(x).backward(g)
+        m = {k: (opt["momentum"] * sent[k] if sent else 0.0) + p.grad + opt["weight_decay"] * w[k]
+             for k, p in ref.named_parameters()}
+        w = {k: w[k] - opt["lr"] * m[k] for k in w}
+        returned = P.record_state(got.array_records[P.OPTIMIZER])
+        new = P.record_state(got.array_records[P.WEIGHTS])
+        for k in m:
+            assert torch.allclose(returned[k], m[k], atol=1e-6, rtol=1e-5), k
+            assert torch.allclose(new[k], w[k], atol=1e-6, rtol=1e-5), k
+
+
 def test_action_configs_round_trip():
     cfg = P.ForwardConfig(slot="relay:3", start=2, end=5, batch_size=7, loss=True, lr=0.1, lr_scale=(1.0, 2.0, 3.0))
     rec = cfg.to_record()
