@@ -189,6 +189,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+        if cls.run_with:
+            print(f"    run with: {cls.run_with}")
     """``sflower bench``: the benchmarks (or those named), figures and ratios."""
     from simulation.bench import BENCHMARKS, DEFAULT_BENCHMARKS, run_benchmarks
 

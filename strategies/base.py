@@ -108,6 +108,9 @@ class SFLStrategy(Strategy):
     name: ClassVar[str] = ""
     #: Run-config keys this class adds to the common ones (see :meth:`all_options`).
     options: ClassVar[tuple[Option, ...]] = ()
+    #: The settings the algorithm's authors ran it with, as ``sflower strategies`` prints them
+    #: (e.g. a ``preset=``); empty: the global defaults.
+    run_with: ClassVar[str] = ""
     #: Rate (bits/s) of the device-to-device links that requests with
     #: ``d2d_bits`` use (RingSFL's relay hops); infinite: such hops are free.
     d2d_bps: float = math.inf

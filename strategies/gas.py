@@ -90,6 +90,7 @@ class GAS(SplitMixin, AsyncStrategy):
     """GAS (AAAI 2025): asynchronous SFL with activation and model buffers and generated activations."""
 
     name = "gas"
+    run_with = "preset=gas-reference (the authors' code: their AlexNet, PyTorch's init, one shared client momentum)"
     options = (
         Option("generate", True, "generated activations on/off (off: the plain async SFL framework)"),
         Option("covariance", "full", "per-label Gaussians: full or diagonal covariance", ("full", "diagonal")),

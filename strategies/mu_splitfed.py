@@ -47,6 +47,7 @@ class MUSplitFed(SyncSplitStrategy):
     """MU-SplitFed: ZO clients, τ ZO server updates per exchange, η_g aggregation; learns under preset=mu-splitfed."""
 
     name = "mu-splitfed"
+    run_with = "preset=mu-splitfed (the paper's §5 setting, under which it learns: LeNet-5, tau = 2, no clipping)"
     options = (
         Option("server-steps", 1, "τ: ZO updates of a client's server-side copy per exchange"),
         *ZO_OPTIONS,

@@ -220,6 +220,8 @@ class RingSFL(SFLStrategy):
     """
 
     name = "ringsfl"
+    run_with = ("preset=ringsfl-reference (the authors' code: plain SGD at lr 0.02, which eq. 7's v2 "
+                "multiplier assumes; v1 and v2 alike; add partition=label-sorted for their non-IID split)")
     options = (
         Option("ring-lengths", "", "propagation lengths L_0:...:L_{N-1}, one per client, summing to the model's "
                "block count (empty: from device compute speeds, L_i = C_i/ΣC·W)"),

@@ -1108,6 +1108,13 @@ def test_cli_strategies_prints_options(capsys):
     gas = out.split("\ngas ", 1)[1].split("\nminibatch-sfl", 1)[0]
     assert "buffer-models=0" in gas and "covariance=full" in gas and "full|diagonal" in gas
     assert "\npsl " in out and "\nvanilla-sl " in out
+    ring = out.split("\nringsfl ", 1)[1].split("\ns2fl", 1)[0]
+    assert "run with: preset=ringsfl-reference" in ring.splitlines()[1]  # right under its name
+    from fl_app.config import PRESETS
+
+    for name in ("gas", "mu-splitfed", "ringsfl"):  # each names a preset that exists
+        line = out.split(f"\n{name} ", 1)[1].splitlines()[1]
+        assert line.strip().split()[2].removeprefix("preset=") in PRESETS, line
 
 
 def test_gas_reference_preset():
