@@ -63,10 +63,10 @@ DEFAULTS: dict[str, Any] = {
     "logit-adjust": True,
     "aggregation": "data-size",
     "dissimilarity-every": 0,
+    "client-momentum": "own",
     # FL baselines
     "server-lr": 1.0,
     "fl-buffer": 0,
-    "client-momentum": "own",
     "staleness": "none",
     # MU-SplitFed and the ZO baselines
     "client-optimizer": "sgd",
@@ -298,8 +298,7 @@ class RunConfig:
         for key, choices in (("optimizer", ("sgd", "adamw")), ("init", ("default", "ringsfl", "torch-default")),
                              ("sl-order", ("client", "batch")), ("server-optimizer", ("sgd", "zo")),
                              ("gapsl-client-grads", ("selected", "all")), ("psl-loss", ("mean", "sum")),
-                             ("normalize", ("dataset", "half")), ("client-momentum", ("own", "shared")),
-                             ("class-assignment-mode", ("first-deterministic", "deterministic", "random"))):
+                             ("normalize", ("dataset", "half")), ("client-momentum", ("own", "shared"))):
             if self.get(key) not in choices:
                 raise ConfigError(f"{key} must be one of {', '.join(choices)}; got '{self.get(key)}'")
         from fl_app.device import check_device_name
