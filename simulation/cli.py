@@ -159,6 +159,8 @@ def cmd_strategies(args: argparse.Namespace) -> int:
         cls = get_strategy(name)
         doc = (cls.__doc__ or "").strip().splitlines()[0]
         print(f"{name:16s} {doc}")
+        if cls.run_with:
+            print(f"    run with: {cls.run_with}")
         for opt in cls.all_options():
             kind = "|".join(opt.choices) if opt.choices else opt.type.__name__
             print(f"    {opt.key + '=' + str(opt.default):28s} {opt.help} ({kind})")
@@ -189,8 +191,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-        if cls.run_with:
-            print(f"    run with: {cls.run_with}")
     """``sflower bench``: the benchmarks (or those named), figures and ratios."""
     from simulation.bench import BENCHMARKS, DEFAULT_BENCHMARKS, run_benchmarks
 
