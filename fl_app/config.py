@@ -98,6 +98,7 @@ DEFAULTS: dict[str, Any] = {
     # run control
     "preset": "",
     "seed": 0,
+    "init-seed": -1,  # seeds the initial weights alone (-1: seed)
     "eval-every": 1,
     "eval-samples": 0,
     "target-accuracy": 0.0,
@@ -118,7 +119,7 @@ CORE_KEYS: tuple[str, ...] = (
     "strategy", "dataset", "data-dir", "model", "cut-layer", "num-clients", "concurrency",
     "partition", "normalize", "alpha", "shards", "min-partition-size", "heterogeneity", "batch-parallel",
     "downlink", "straggler-rate", "global-iterations", "local-iterations", "local-epochs", "batch-size", "lr", "client-lr", "server-lr-split", "optimizer", "init", "device", "momentum",
-    "weight-decay", "clip-norm", "preset", "seed", "eval-every", "eval-samples", "target-accuracy",
+    "weight-decay", "clip-norm", "preset", "seed", "init-seed", "eval-every", "eval-samples", "target-accuracy",
     "max-virtual-time", "clock", "node-timeout", "min-clients", "join-timeout", "checkpoint-every", "output-dir",
 )
 
@@ -131,7 +132,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # "Presets"). Their shared, never-reset client optimizer is not carried over
     # yet (issue 20).
     "gas-reference": {"model": "alexnet-gas", "init": "torch-default", "aggregation": "uniform",
-                      "batch-parallel": True, "client-momentum": "shared"},
+                      "batch-parallel": True, "client-momentum": "shared", "init-seed": 2023},
     # MU-SplitFed (mu-splitfed.txt, §5): 10 clients, 5 per round, exponential
     # stragglers, one exchange per round (Algorithm 1), tau = 2 (its best in
     # Table 1), ZO-SGD on both sides without clipping (as the paper). The model is LeNet-5 cut
@@ -274,6 +275,8 @@ class RunConfig:
                     "drop-per-round", "checkpoint-every"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
+        if self._values["init-seed"] < -1:
+            raise ConfigError(f"init-seed must be >= 0, or -1 for seed; got {self._values['init-seed']}")
         if self.concurrency > self.num_clients:
             raise ConfigError(
                 f"concurrency={self.concurrency} exceeds num-clients={self.num_clients}"

@@ -31,7 +31,7 @@ from fl_app.models import BlockModel, BlockProfile, build_model, profile_blocks,
 #: Keys of the run configuration that define the task (data, partition, model).
 TASK_KEYS = (
     "dataset", "data-dir", "partition", "alpha", "shards", "min-partition-size", "num-clients",
-    "model", "cut-layer", "seed", "init", "normalize",
+    "model", "cut-layer", "seed", "init", "init-seed", "normalize",
 )
 
 
@@ -47,11 +47,13 @@ class Task:
         model_name: a name from :data:`fl_app.models.MODELS`.
         cut_layer: the default cut; the client-side model is blocks
             ``[0, cut_layer)``.
-        seed: the seed the initial model is built from.
+        seed: the run's seed (data order, augmentation, dropout, ZO directions;
+            the initial model too unless ``init_seed`` is set).
         partition_scheme: the ``partition`` key (``iid``, ``dirichlet``, ...).
         init: the weight initialisation (``default``, ``ringsfl`` or ``torch-default``, see
             :func:`fl_app.models.build_model`); part of :data:`TASK_KEYS`,
             so the server and every client build the same initial model.
+        init_seed: the seed the initial model is built from; ``-1`` (default): ``seed``.
     """
 
     data: ImageDataset
@@ -61,10 +63,12 @@ class Task:
     seed: int
     partition_scheme: str = "iid"
     init: str = "default"
+    init_seed: int = -1
 
     @functools.cached_property
     def _template(self) -> BlockModel:
-        return build_model(self.model_name, self.data.input_shape, self.data.num_classes, self.seed, init=self.init)
+        seed = self.seed if self.init_seed < 0 else self.init_seed
+        return build_model(self.model_name, self.data.input_shape, self.data.num_classes, seed, init=self.init)
 
     def build_model(self) -> BlockModel:
         """A fresh full model with the run's seeded initial weights (a copy of a cached template)."""
@@ -146,6 +150,7 @@ def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
         seed=int(values["seed"]),
         partition_scheme=str(values["partition"]),
         init=str(values["init"]),
+        init_seed=int(values["init-seed"]),
     )
     task.split()  # validates model name and cut layer
     return task
@@ -217,6 +222,7 @@ def _load_device_task(key: tuple[tuple[str, object], ...], data_dir: str) -> Tas
         seed=int(values["seed"]),
         partition_scheme="device",
         init=str(values["init"]),
+        init_seed=int(values["init-seed"]),
     )
     task.split()  # validates model name and cut layer
     return task

@@ -2,6 +2,7 @@
 
 import hashlib
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -783,3 +784,25 @@ def test_torch_default_init_is_pytorchs_own():
     assert float(w.abs().max()) <= bound and float(w.abs().max()) > 0.9 * bound  # uniform, not normal
     again = build_model("lenet5", (1, 28, 28), 10, seed=3, init="torch-default").state_dict()
     assert all(torch.equal(v, again[k]) for k, v in m.state_dict().items())
+
+
+def test_init_seed_sets_the_initial_weights_alone(tmp_path, capsys):
+    """``init-seed`` seeds the initial model and nothing else: two runs with different seeds and the
+    same init-seed start from the same weights but draw different data; -1 means ``seed``."""
+    from fl_app.config import RunConfig
+    from fl_app.task import load_task
+    from simulation.cli import main
+    from tests.conftest import cli_args
+
+    def task(**keys):
+        return load_task(RunConfig.from_mapping({"partition": "iid", **keys}))
+
+    a, b = task(seed=1, **{"init-seed": 7}), task(seed=2, **{"init-seed": 7})
+    assert all(torch.equal(x, y) for x, y in zip(a.build_model().parameters(), b.build_model().parameters()))
+    assert not np.array_equal(a.partitions[0], b.partitions[0])  # the rest still follows seed
+    own = task(seed=7)
+    assert all(torch.equal(x, y) for x, y in zip(own.build_model().parameters(), a.build_model().parameters()))
+    other = task(seed=1)
+    assert not torch.equal(next(other.build_model().parameters()), next(a.build_model().parameters()))
+    assert main(cli_args({"init-seed": -2, "output-dir": tmp_path / "x"})) == 2
+    assert "init-seed must be >= 0, or -1" in capsys.readouterr().err
