@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 
 from fl_app.config import DEFAULTS, RunConfig, parse_key_values
@@ -180,6 +181,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``sflower compare OUT --ours RUN... --theirs CSV...``: the side-by-side table and plot."""
+    from simulation.compare import compare
+
+    table = compare(args.ours, args.theirs, args.out_dir, metric=args.metric, widen=args.widen, title=args.title)
+    print((Path(args.out_dir) / "compare.md").read_text())
+    return 0 if len(table) else 1
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     """``sflower report DIR``: markdown table and plots of a sweep."""
     from simulation.report import report
@@ -225,6 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="tables and plots of a sweep directory")
     rp.add_argument("dir")
     rp.set_defaults(func=cmd_report)
+    cp = sub.add_parser("compare", help="sflower's runs beside another code's runs of the same configuration "
+                                         "(per-iteration band table and plot)")
+    cp.add_argument("out_dir", help="where compare.md and compare.png go")
+    cp.add_argument("--ours", nargs="+", required=True, help="sflower run directories")
+    cp.add_argument("--theirs", nargs="+", required=True,
+                    help="CSV files with columns global_iteration and the metric (accuracy as a fraction)")
+    cp.add_argument("--metric", default="test_accuracy")
+    cp.add_argument("--widen", type=float, default=0.05, help="band widening on each side (default 0.05)")
+    cp.add_argument("--title", default="")
+    cp.set_defaults(func=cmd_compare)
     bn = sub.add_parser("bench", help="engine, throughput, scale, generation, memory and ring benchmarks; "
                                       "summary (only when named)")
     bn.add_argument("only", nargs="*", help="benchmarks to run (default: all)")
