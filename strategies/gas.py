@@ -33,7 +33,6 @@ import math
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord
 from torch import nn
 
 from fl_app import protocol as P
@@ -42,9 +41,10 @@ from fl_app.config import Option
 from fl_app.errors import ConfigError
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.base import AsyncStrategy
-from strategies.dispatcher import Reply, Request
+from strategies.dispatcher import Reply
 from strategies.generation import LabelGaussians
 from strategies.registry import register
+from strategies.shared_momentum import SharedMomentum
 from strategies.split import CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SplitMixin, server_step
 
 STREAM_GENERATION = 13
@@ -126,9 +126,8 @@ class GAS(SplitMixin, AsyncStrategy):
         self.generated_total = 0
         self.client_iterations = 0
         self.last_dissimilarity = float("nan")
-        #: ``client-momentum=shared``: the server's momentum buffer m and the copy each client was sent
-        self.shared_momentum: dict[str, torch.Tensor] | None = {} if c.client_momentum == "shared" else None
-        self.momentum_sent: dict[int, dict[str, torch.Tensor]] = {}
+        #: ``client-momentum=shared``: the authors' one client optimizer (:mod:`strategies.shared_momentum`)
+        self.shared_momentum = SharedMomentum(c.momentum, self.device) if c.client_momentum == "shared" else None
 
     @classmethod
     def check_config(cls, cfg, task) -> None:
@@ -155,41 +154,11 @@ class GAS(SplitMixin, AsyncStrategy):
         self.progress_of[pid] = 0
         self.send(pid, self.forward_request(self.cfg.batch_size, P.state_record(self.client_model.state_dict())))
 
-    def with_shared_momentum(self, pid: int, request: Request) -> Request:
-        """``client-momentum=shared``: ``request`` carrying the server's momentum buffer m.
-
-        The GAS authors' code (``GAS_main.py``) steps every client's
-        client-side model with one SGD optimizer, so its momentum buffer mixes
-        all clients' gradients in the order of their iterations. A distributed
-        run cannot share an object, so the server holds m: client k steps with
-        the m it is sent, ``m_k = β·m_sent + d_k`` (``d_k`` its clipped gradient
-        plus weight decay), and returns ``m_k``; the server then folds in
-        ``d_k = m_k − β·m_sent`` as ``m ← β·m + d_k``. When iterations do not
-        overlap, ``m_sent`` is the current m and this is the authors' single
-        optimizer exactly; when they overlap, client k stepped with an m that
-        lacks the gradients folded in meanwhile (a stale m, as its stale model).
-        The buffer travels both ways, one client-side model's worth of bits.
-        """
-        request.content[P.OPTIMIZER] = P.state_record(self.shared_momentum)
-        self.momentum_sent[pid] = self.shared_momentum
-        return dataclasses.replace(request, bits_up=request.bits_up + self.costs.param_bits(0, self.cut))
-
-    def fold_momentum(self, pid: int, returned: ArrayRecord) -> None:
-        """``m ← β·m + (m_k − β·m_sent)`` (see :meth:`with_shared_momentum`)."""
-        beta, sent = self.cfg.momentum, self.momentum_sent.pop(pid, {})
-        new = {}
-        for name, m_k in P.record_state(returned).items():
-            m_k = self.on_device(m_k)
-            old, base = self.shared_momentum.get(name), sent.get(name)
-            d = m_k if base is None else m_k - beta * base
-            new[name] = d if old is None else beta * old + d
-        self.shared_momentum = new
-
     def on_reply(self, reply: Reply) -> None:
         """Activations: answer with G_k and buffer them. Weights: model buffer."""
         returned = P.get_array(reply.content, P.OPTIMIZER)
         if returned is not None and self.shared_momentum is not None:
-            self.fold_momentum(reply.pid, returned)
+            self.shared_momentum.fold(reply.pid, returned)
         if P.get_array(reply.content, P.ACTIVATIONS) is not None:
             self.on_activations(reply.pid, *self.smashed_of(reply.pid, reply.content))
         elif P.get_array(reply.content, P.WEIGHTS) is not None:
@@ -213,8 +182,9 @@ class GAS(SplitMixin, AsyncStrategy):
         done = self.progress_of[pid] >= self.local_steps(pid)
         nxt = P.NEXT_WEIGHTS if done else P.NEXT_FORWARD
         request = self.backward_request(grad, nxt, self.cfg.batch_size)
-        if self.shared_momentum is not None:
-            request = self.with_shared_momentum(pid, request)
+        if self.shared_momentum is not None:  # the buffer goes down, and comes back up
+            self.shared_momentum.attach(pid, request.content)
+            request = dataclasses.replace(request, bits_up=request.bits_up + self.costs.param_bits(0, self.cut))
         self.send(pid, request)
         self.activation_buffer.append((x, y))
         if sum(int(b[1].numel()) for b in self.activation_buffer) >= self.q_s * self.cfg.batch_size:
@@ -255,7 +225,8 @@ class GAS(SplitMixin, AsyncStrategy):
     def on_failure(self, partition_id: int, action: str, reason: str) -> None:
         """Drop the failed client's local round (and the momentum it was sent)."""
         self.progress_of.pop(partition_id, None)
-        self.momentum_sent.pop(partition_id, None)
+        if self.shared_momentum is not None:
+            self.shared_momentum.forget(partition_id)
 
     # ------------------------------------------------------------------ metrics
     def reference_batch(self) -> tuple[torch.Tensor, torch.Tensor]:

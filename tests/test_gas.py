@@ -495,17 +495,18 @@ def test_shared_momentum_travels_and_folds():
     assert req.bits_up == sent[1][1].bits_up + s.costs.param_bits(0, s.cut)
 
     a = {"w": torch.tensor([1.0, 2.0])}
-    s.fold_momentum(0, P.state_record(a))  # sent {} : m = m_0
-    assert torch.equal(s.shared_momentum["w"], a["w"])
+    shared = s.shared_momentum
+    shared.fold(0, P.state_record(a))  # sent {} : m = m_0
+    assert torch.equal(shared.buffer["w"], a["w"])
     # two clients sent the same m; client 0 returns first, then client 1
-    s.momentum_sent = {0: dict(s.shared_momentum), 1: dict(s.shared_momentum)}
+    shared.sent = {0: dict(shared.buffer), 1: dict(shared.buffer)}
     m0 = {"w": 0.5 * a["w"] + torch.tensor([10.0, 0.0])}  # d_0 = (10, 0)
     m1 = {"w": 0.5 * a["w"] + torch.tensor([0.0, 4.0])}  # d_1 = (0, 4)
-    s.fold_momentum(0, P.state_record(m0))
-    assert torch.equal(s.shared_momentum["w"], m0["w"])  # no overlap yet: exactly the client's buffer
-    s.fold_momentum(1, P.state_record(m1))
-    assert torch.allclose(s.shared_momentum["w"], 0.5 * m0["w"] + torch.tensor([0.0, 4.0]))
-    assert s.momentum_sent == {}
+    shared.fold(0, P.state_record(m0))
+    assert torch.equal(shared.buffer["w"], m0["w"])  # no overlap yet: exactly the client's buffer
+    shared.fold(1, P.state_record(m1))
+    assert torch.allclose(shared.buffer["w"], 0.5 * m0["w"] + torch.tensor([0.0, 4.0]))
+    assert shared.sent == {}
 
 
 def test_shared_momentum_needs_sgd_clients(tmp_path, capsys):
