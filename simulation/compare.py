@@ -10,8 +10,8 @@ metric per global iteration:
   converted: ``global_iteration`` counts completed global iterations from 1,
   accuracies are fractions).
 
-For every global iteration both sides have, the table gives the other code's
-minimum, maximum and mean over its runs, sflower's mean (and min–max), and
+For every global iteration that runs of both sides reached, the table gives
+the other code's minimum, maximum and mean over its runs that reached it, sflower's mean (and min–max), and
 whether sflower's mean lies inside the other code's min–max band widened by
 ``widen`` on each side (the issue tracker's criterion: 0.05). It writes
 ``DIR/compare.md`` and ``DIR/compare.png`` (both sides' runs as thin lines,
@@ -54,24 +54,30 @@ def side_by_side(ours: Sequence[pd.Series], theirs: Sequence[pd.Series], widen: 
         widen: how far sflower's mean may lie outside the other code's min–max band.
 
     Returns:
-        rows for the global iterations ≥ 1 that every run of both sides reached:
-        ``global_iteration``, ``theirs_min``, ``theirs_max``, ``theirs_mean``,
-        ``ours_min``, ``ours_max``, ``ours_mean``, ``inside`` (bool).
+        rows for the global iterations ≥ 1 that at least one run of each side
+        reached (each side's statistics over its runs that reached it):
+        ``global_iteration``, ``theirs_runs``, ``theirs_min``, ``theirs_max``,
+        ``theirs_mean``, ``ours_runs``, ``ours_min``, ``ours_max``,
+        ``ours_mean``, ``inside`` (bool).
 
     Raises:
         ConfigError: a side without runs.
     """
     if not ours or not theirs:
         raise ConfigError("compare: need at least one run on each side")
-    common = set.intersection(*(set(int(i) for i in c.index) for c in [*ours, *theirs]))
+
+    def reached(curves: Sequence[pd.Series], g: int) -> list[float]:
+        return [float(c.loc[g]) for c in curves if g in c.index]
+
     rows = []
-    for g in sorted(i for i in common if i >= 1):
-        t = [float(c.loc[g]) for c in theirs]
-        o = [float(c.loc[g]) for c in ours]
+    for g in sorted({int(i) for c in ours for i in c.index if i >= 1}):
+        t, o = reached(theirs, g), reached(ours, g)
+        if not t:
+            continue
         mean = sum(o) / len(o)
-        rows.append({"global_iteration": g, "theirs_min": min(t), "theirs_max": max(t), "theirs_mean": sum(t) / len(t),
-                     "ours_min": min(o), "ours_max": max(o), "ours_mean": mean,
-                     "inside": min(t) - widen <= mean <= max(t) + widen})
+        rows.append({"global_iteration": g, "theirs_runs": len(t), "theirs_min": min(t), "theirs_max": max(t),
+                     "theirs_mean": sum(t) / len(t), "ours_runs": len(o), "ours_min": min(o), "ours_max": max(o),
+                     "ours_mean": mean, "inside": min(t) - widen <= mean <= max(t) + widen})
     return pd.DataFrame(rows)
 
 
@@ -96,12 +102,15 @@ def compare(ours: Sequence[str | Path], theirs: Sequence[str | Path], out_dir: s
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pct = all(0.0 <= v <= 1.0 for c in [*ours_c, *theirs_c] for v in c)
-    scale, unit = (100.0, " (%)") if pct else (1.0, "")
+    scale, unit, fmt = (100.0, " (%)", ".1f") if pct else (1.0, "", ".3f")
     shown = pd.DataFrame({
         "global iteration": table.global_iteration,
-        f"{labels[1]}: min–max{unit}": [f"{scale * a:.1f}–{scale * b:.1f}" for a, b in zip(table.theirs_min, table.theirs_max)],
-        f"{labels[0]}: mean{unit}": [f"{scale * m:.1f}" for m in table.ours_mean],
-        f"{labels[0]}: min–max{unit}": [f"{scale * a:.1f}–{scale * b:.1f}" for a, b in zip(table.ours_min, table.ours_max)],
+        f"{labels[1]}: runs": table.theirs_runs,
+        f"{labels[1]}: min–max{unit}": [f"{scale * a:{fmt}}–{scale * b:{fmt}}"
+                                        for a, b in zip(table.theirs_min, table.theirs_max)],
+        f"{labels[0]}: mean{unit}": [f"{scale * m:{fmt}}" for m in table.ours_mean],
+        f"{labels[0]}: min–max{unit}": [f"{scale * a:{fmt}}–{scale * b:{fmt}}"
+                                        for a, b in zip(table.ours_min, table.ours_max)],
         f"inside ± {scale * widen:g}": ["yes" if v else "**no**" for v in table.inside],
     })
     head = f"# {title}\n\n" if title else ""

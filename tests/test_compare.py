@@ -14,9 +14,11 @@ def _c(values, start=1):
 
 def test_band_is_theirs_min_max_widened():
     theirs = [_c([0.10, 0.50, 0.80]), _c([0.20, 0.40, 0.90])]
-    ours = [_c([0.30, 0.35, 0.50]), _c([0.30, 0.45, 0.70, 0.99])]  # a longer run: only common iterations count
+    ours = [_c([0.30, 0.35, 0.50]), _c([0.30, 0.45, 0.70, 0.99])]  # iteration 4: no run of theirs reached it
     t = side_by_side(ours, theirs, widen=0.05)
     assert list(t.global_iteration) == [1, 2, 3]
+    shorter = side_by_side(ours, [*theirs, _c([0.9])])  # a stopped run counts where it got to
+    assert shorter.theirs_runs.tolist() == [3, 2, 2] and shorter.theirs_max.tolist() == [0.9, 0.5, 0.9]
     assert t.ours_mean.round(6).tolist() == [0.30, 0.40, 0.60]
     assert t.theirs_min.tolist() == [0.10, 0.40, 0.80] and t.theirs_max.tolist() == [0.20, 0.50, 0.90]
     # 0.30 > 0.20 + 0.05; 0.40 inside; 0.60 < 0.80 - 0.05
@@ -43,7 +45,7 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
     pd.DataFrame({"global_iteration": [1, 2], "test_accuracy": [0.52, 0.70]}).to_csv(theirs, index=False)
     assert main(["compare", str(tmp_path / "out"), "--ours", str(run), "--theirs", str(theirs)]) == 0
     text = (tmp_path / "out" / "compare.md").read_text()
-    assert "1 of 2 global iterations inside the band" in text and "| 2 | 70.0–70.0 | 60.0 |" in text
+    assert "1 of 2 global iterations inside the band" in text and "| 2 | 1 | 70.0–70.0 | 60.0 |" in text
     assert (tmp_path / "out" / "compare.png").stat().st_size > 0
     assert main(["compare", str(tmp_path / "o2"), "--ours", str(run), "--theirs", str(theirs), "--metric", "acc"]) == 2
     assert "has no column 'acc'" in capsys.readouterr().err
