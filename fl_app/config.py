@@ -36,6 +36,9 @@ DEFAULTS: dict[str, Any] = {
     "alpha": 0.1,
     "shards": 2,
     "min-partition-size": 1,
+    "num-classes-per-partition": 2,  # partition=pathological
+    "class-assignment-mode": "first-deterministic",  # partition=pathological
+    "partition-sizes": "",  # partition=inner-dirichlet: "n0:n1:..." (empty: equal sizes)
     "heterogeneity": "gas",
     "batch-parallel": False,
     "downlink": False,
@@ -109,6 +112,9 @@ DEFAULTS: dict[str, Any] = {
     "join-timeout": 0.0,
     "checkpoint-every": 0,
     "output-dir": "",
+    # what a run leaves besides its metrics
+    "tracker": "none",  # none, tensorboard, mlflow, wandb (comma-separated for several)
+    "save-best": False,  # also keep the best-accuracy model (model-best.safetensors)
 }
 
 #: Keys every strategy reads. The other keys of :data:`DEFAULTS` are
@@ -117,10 +123,12 @@ DEFAULTS: dict[str, Any] = {
 #: strategies`` prints them), and a test keeps both tables equal.
 CORE_KEYS: tuple[str, ...] = (
     "strategy", "dataset", "data-dir", "model", "cut-layer", "num-clients", "concurrency",
-    "partition", "normalize", "alpha", "shards", "min-partition-size", "heterogeneity", "batch-parallel",
+    "partition", "normalize", "alpha", "shards", "min-partition-size", "num-classes-per-partition",
+    "class-assignment-mode", "partition-sizes", "heterogeneity", "batch-parallel",
     "downlink", "straggler-rate", "global-iterations", "local-iterations", "local-epochs", "batch-size", "lr", "client-lr", "server-lr-split", "optimizer", "init", "device", "momentum",
     "weight-decay", "clip-norm", "preset", "seed", "init-seed", "eval-every", "eval-samples", "target-accuracy",
     "max-virtual-time", "clock", "node-timeout", "min-clients", "join-timeout", "checkpoint-every", "output-dir",
+    "tracker", "save-best",
 )
 
 
@@ -260,7 +268,7 @@ class RunConfig:
 
     def _check(self) -> None:
         positive = ["num-clients", "concurrency", "global-iterations", "local-iterations", "batch-size",
-                    "perturbations", "server-steps"]
+                    "perturbations", "server-steps", "num-classes-per-partition"]
         for key in positive:
             if self._values[key] < 1:
                 raise ConfigError(f"{key} must be >= 1, got {self._values[key]}")
@@ -301,12 +309,14 @@ class RunConfig:
         for key, choices in (("optimizer", ("sgd", "adamw")), ("init", ("default", "ringsfl", "torch-default")),
                              ("sl-order", ("client", "batch")), ("server-optimizer", ("sgd", "zo")),
                              ("gapsl-client-grads", ("selected", "all")), ("psl-loss", ("mean", "sum")),
-                             ("normalize", ("dataset", "half")), ("client-momentum", ("own", "shared"))):
+                             ("normalize", ("dataset", "half")), ("client-momentum", ("own", "shared")),
+                             ("class-assignment-mode", ("first-deterministic", "deterministic", "random"))):
             if self.get(key) not in choices:
                 raise ConfigError(f"{key} must be one of {', '.join(choices)}; got '{self.get(key)}'")
         from fl_app.device import check_device_name
 
         check_device_name(self.device)
+        tracker_names(self.tracker)  # known names only; whether their packages are installed: plan_run
         if not 0 <= self.epsl_phi <= 1:
             raise ConfigError(f"epsl-phi must be in [0, 1], got {self.epsl_phi}")
         if self.s2fl_groups < 1:
@@ -341,6 +351,30 @@ class RunConfig:
 
     def __repr__(self) -> str:
         return f"RunConfig({self._values!r})"
+
+
+#: The experiment trackers of the ``tracker`` key (:mod:`simulation.trackers` implements them).
+TRACKERS: tuple[str, ...] = ("tensorboard", "mlflow", "wandb")
+
+
+def tracker_names(value: str) -> tuple[str, ...]:
+    """The trackers a ``tracker`` value asks for, in order, without repeats.
+
+    ``"none"`` or ``""`` gives ``()``; ``"tensorboard,mlflow"`` gives both.
+
+    Raises:
+        ConfigError: a name not in :data:`TRACKERS`, or ``none`` beside another name.
+    """
+    names = [n.strip() for n in str(value).split(",") if n.strip()]
+    if names == ["none"] or not names:
+        return ()
+    for name in names:
+        if name == "none":
+            raise ConfigError(f"tracker={value!r}: 'none' cannot be combined with a tracker")
+        if name not in TRACKERS:
+            raise ConfigError(f"tracker={value!r}: unknown tracker '{name}'; choose none or any of "
+                              f"{', '.join(TRACKERS)} (comma-separated)")
+    return tuple(dict.fromkeys(names))
 
 
 def parse_key_values(pairs: list[str]) -> dict[str, str]:

@@ -1,19 +1,24 @@
 """Run outputs (DESIGN.md section 9): config.json, metrics.csv, summary.json, accuracy.png.
 
 ``metrics.csv`` is appended one row per evaluation and flushed at once, so a
-killed run keeps every row written so far.
+killed run keeps every row written so far. Listeners (:class:`RunListener`:
+the experiment trackers of :mod:`simulation.trackers`, the model saver of
+:mod:`fl_app.saved_model`) see every row, a resume and the summary.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("sflower")
 
 #: Columns every metrics.csv starts with; strategies may add more after them.
 METRIC_COLUMNS = (
@@ -38,6 +43,25 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+class RunListener:
+    """Something that follows a run's outputs: a tracker, the model saver. The hooks do nothing by default.
+
+    The recorder calls them after its own writing, in this order: :meth:`on_resume`
+    (a resumed run only), :meth:`on_row` for each metric row, :meth:`on_finish`
+    once, also for a run that diverged, failed or was interrupted
+    (``summary["status"]`` says which).
+    """
+
+    def on_row(self, row: Mapping[str, Any]) -> None:
+        """A metric row (the columns of metrics.csv), just appended."""
+
+    def on_resume(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """The run resumed from a checkpoint holding these first rows (already in metrics.csv)."""
+
+    def on_finish(self, summary: Mapping[str, Any]) -> None:
+        """The summary.json content, just written."""
+
+
 class RunRecorder:
     """Writes one run's directory.
 
@@ -47,10 +71,13 @@ class RunRecorder:
             ``extra`` (device profiles, model figures) beside it.
         resume: the run continues from a checkpoint: config.json and
             metrics.csv are kept (see :meth:`resume`).
+        listeners: :class:`RunListener` objects (duck-typed) told of every row,
+            the resume and the summary. A listener that raises is reported in
+            one warning line and dropped; the run goes on.
     """
 
     def __init__(self, out_dir: str | Path, config: Mapping[str, Any], extra: Mapping[str, Any] | None = None,
-                 *, resume: bool = False) -> None:
+                 *, resume: bool = False, listeners: Sequence[Any] = ()) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         payload = {"config": dict(config), **dict(extra or {})}
@@ -61,6 +88,18 @@ class RunRecorder:
             self.metrics_path.unlink()
         self._columns: list[str] | None = None
         self.rows: list[dict[str, Any]] = []
+        self.listeners = list(listeners)
+
+    def _tell(self, hook: str, arg: Any) -> None:
+        """Call ``hook(arg)`` on every listener; drop one that raises (one warning line)."""
+        for listener in list(self.listeners):
+            try:
+                getattr(listener, hook)(arg)
+            except Exception as err:  # noqa: BLE001 - a tracker or a full disk must not stop the run
+                first = (str(err).strip().splitlines() or [""])[0]
+                log.warning("sflower: %s failed in %s (%s: %s); it is switched off for this run",
+                            type(listener).__name__, hook, type(err).__name__, first)
+                self.listeners.remove(listener)
 
     def append(self, row: Mapping[str, Any]) -> None:
         """Append one evaluation row to metrics.csv (header on the first row)."""
@@ -72,6 +111,7 @@ class RunRecorder:
         with self.metrics_path.open("a", newline="") as fh:
             csv.writer(fh).writerow([row.get(c, "") for c in self._columns])
         self.rows.append(row)
+        self._tell("on_row", row)
 
     def resume(self, rows: list[Mapping[str, Any]]) -> None:
         """Continue a killed run's metrics.csv after its first ``len(rows)`` rows (a checkpoint's).
@@ -97,11 +137,13 @@ class RunRecorder:
         tmp.write_bytes(b"".join(lines[:1 + len(rows)]))
         os.replace(tmp, self.metrics_path)
         self.rows = [dict(r) for r in rows]
+        self._tell("on_resume", self.rows)
 
     def finish(self, summary: Mapping[str, Any]) -> dict[str, Any]:
         """Write summary.json and accuracy.png; returns the summary written."""
         summary = _json_safe(dict(summary))
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self._tell("on_finish", summary)
         if self.rows:
             plot_accuracy(self.rows, self.out_dir / "accuracy.png", title=str(summary.get("strategy", "")))
         return summary

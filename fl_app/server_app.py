@@ -20,9 +20,11 @@ from fl_app.config import RunConfig
 from fl_app.device import resolve_device
 from fl_app.errors import ConfigError
 from fl_app.outputs import RunRecorder, default_output_dir
-from fl_app.task import Task, check_batch_size, load_task
+from fl_app.saved_model import ModelSaver
+from fl_app.task import Task, check_batch_size, load_task, write_partition_plot
 from simulation.clock import VirtualClock
 from simulation.heterogeneity import DeviceTiming, draw_profiles
+from simulation.trackers import TrackingContext, check_trackers, open_trackers
 from strategies.base import CHECKPOINT_UNSUPPORTED
 from strategies.checkpoint import CHECKPOINT_FILE
 from strategies.clock import WallClock, ZeroTiming
@@ -43,6 +45,8 @@ class RunPlan:
         out_dir: where the outputs go.
         resume_from: a checkpoint file to continue from (``sflower run
             resume=RUN_DIR``); None for a fresh run.
+        tracking: where and under which names the ``tracker`` key's trackers
+            log (None: everything in ``out_dir``; sweeps set their own).
     """
 
     cfg: RunConfig
@@ -51,6 +55,7 @@ class RunPlan:
     profiles: list[Any]
     out_dir: Path
     resume_from: Path | None = None
+    tracking: TrackingContext | None = None
 
 
 def plan_run(cfg: RunConfig) -> RunPlan:
@@ -61,8 +66,10 @@ def plan_run(cfg: RunConfig) -> RunPlan:
             missing data, impossible partition, cut layer out of range,
             batch size larger than a partition, or a strategy's own check
             (``check_config``, e.g. RingSFL's propagation lengths),
-            ``device=cuda`` without a GPU.
+            ``device=cuda`` without a GPU, a tracker whose package is
+            missing (naming its ``pip install 'sflower[...]'``).
     """
+    check_trackers(cfg.tracker)
     strategy_cls = get_strategy(cfg.strategy)
     resolve_device(cfg.device)  # the server side's device exists here
     profiles = draw_profiles(cfg.heterogeneity, cfg.num_clients, cfg.seed, downlink=cfg.downlink)
@@ -79,7 +86,10 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     """Run the planned strategy on ``grid``; write the outputs; return the summary.
 
     With ``checkpoint-every`` > 0 the strategy writes ``out_dir/checkpoint.pt``;
-    with ``plan.resume_from`` it continues from that checkpoint.
+    with ``plan.resume_from`` it continues from that checkpoint. The run
+    directory also gets ``partition.png`` (the clients' label histograms),
+    the trained model (``model.safetensors``, :mod:`fl_app.saved_model`) and
+    the ``tracker`` key's logs (:mod:`simulation.trackers`).
 
     Raises:
         ConfigError: checkpoints or resume asked for on a grid that cannot
@@ -101,8 +111,14 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
         ],
         "partition_sizes": [len(p) for p in plan.task.partitions],
     }
-    recorder = RunRecorder(plan.out_dir, cfg.as_dict(), extra, resume=plan.resume_from is not None)
+    resume = plan.resume_from is not None
+    saver = ModelSaver(plan.out_dir, ModelSaver.describe(cfg, plan.task), save_best=cfg.save_best)
+    recorder = RunRecorder(plan.out_dir, cfg.as_dict(), extra, resume=resume)
+    if not (resume and (plan.out_dir / "partition.png").exists()):
+        write_partition_plot(plan.task, plan.out_dir / "partition.png")
+    recorder.listeners = [saver, *open_trackers(cfg.tracker, plan.out_dir, cfg.as_dict(), plan.tracking, resume)]
     strategy = plan.strategy_cls(cfg, plan.task, clock=clock, timing=timing, recorder=recorder, progress=progress)
+    saver.bind(strategy)
     if cfg.checkpoint_every:
         strategy.checkpoint_path = plan.out_dir / CHECKPOINT_FILE
     strategy.resume_from = plan.resume_from

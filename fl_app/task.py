@@ -24,14 +24,15 @@ import numpy as np
 import torch
 
 from fl_app.config import RunConfig
-from fl_app.data import ImageDataset, label_histogram, load_dataset, load_device_dataset, partition_indices
+from fl_app.data import (ImageDataset, label_histogram, load_dataset, load_device_dataset, parse_partition_sizes,
+                         partition_indices)
 from fl_app.errors import ConfigError
 from fl_app.models import BlockModel, BlockProfile, build_model, profile_blocks, split_model
 
 #: Keys of the run configuration that define the task (data, partition, model).
 TASK_KEYS = (
-    "dataset", "data-dir", "partition", "alpha", "shards", "min-partition-size", "num-clients",
-    "model", "cut-layer", "seed", "init", "init-seed", "normalize",
+    "dataset", "data-dir", "partition", "alpha", "shards", "min-partition-size", "num-classes-per-partition",
+    "class-assignment-mode", "partition-sizes", "num-clients", "model", "cut-layer", "seed", "init", "init-seed", "normalize",
 )
 
 
@@ -141,6 +142,9 @@ def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
         shards=int(values["shards"]),
         seed=int(values["seed"]),
         min_partition_size=int(values["min-partition-size"]),
+        num_classes_per_partition=int(values["num-classes-per-partition"]),
+        class_assignment_mode=str(values["class-assignment-mode"]),
+        partition_sizes=parse_partition_sizes(str(values["partition-sizes"])),
     )
     task = Task(
         data=data,
@@ -229,7 +233,16 @@ def _load_device_task(key: tuple[tuple[str, object], ...], data_dir: str) -> Tas
 
 
 #: Run-config keys that define a run's partitions (what ``sflower partition`` takes, besides ``out``).
-PARTITION_KEYS = ("dataset", "data-dir", "num-clients", "partition", "alpha", "shards", "seed", "min-partition-size")
+PARTITION_KEYS = ("dataset", "data-dir", "num-clients", "partition", "alpha", "shards", "seed", "min-partition-size",
+                  "num-classes-per-partition", "class-assignment-mode", "partition-sizes")
+
+#: The keys each partition scheme reads besides ``num-clients`` and ``seed`` (in ``partition.json``).
+SCHEME_KEYS: dict[str, tuple[str, ...]] = {
+    "dirichlet": ("alpha", "min-partition-size"),
+    "shard": ("shards",),
+    "pathological": ("num-classes-per-partition", "class-assignment-mode"),
+    "inner-dirichlet": ("alpha", "partition-sizes"),
+}
 
 
 def write_partition_dirs(cfg: RunConfig, out_dir: str | os.PathLike[str]) -> list[Path]:
@@ -240,8 +253,10 @@ def write_partition_dirs(cfg: RunConfig, out_dir: str | os.PathLike[str]) -> lis
     the dataset (:func:`fl_app.data.write_training_files`), in partition
     order, so that a node started with ``data-dir=out_dir/partition-K`` and
     ``partition-id=K`` trains exactly like simulated client ``K``. Each
-    directory also gets ``partition.json`` (dataset, partition id and scheme,
-    size, label histogram), for people: nodes do not read it.
+    directory also gets ``partition.json`` (dataset, partition id and scheme
+    with its keys, size, label histogram), for people: nodes do not read it;
+    ``out_dir/partition.png`` shows the split
+    (:func:`fl_app.data.partition_plot.plot_partitions`).
 
     Returns:
         The ``num-clients`` directories, ``partition-0`` first.
@@ -258,8 +273,7 @@ def write_partition_dirs(cfg: RunConfig, out_dir: str | os.PathLike[str]) -> lis
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out '{out_dir}' exists and is not a directory")
     task = load_task(cfg)
-    scheme = ({"alpha": cfg.alpha, "min-partition-size": cfg.min_partition_size} if cfg.partition == "dirichlet"
-              else {"shards": cfg.shards} if cfg.partition == "shard" else {})
+    scheme = {k: cfg.get(k) for k in SCHEME_KEYS.get(cfg.partition, ())}
     x, y = task.data.x_train.numpy(), task.data.y_train.numpy()
     dirs = []
     for k, part in enumerate(task.partitions):
@@ -270,7 +284,19 @@ def write_partition_dirs(cfg: RunConfig, out_dir: str | os.PathLike[str]) -> lis
                 "label-histogram": task.histogram(k).tolist()}
         (d / "partition.json").write_text(json.dumps(meta) + "\n")
         dirs.append(d)
+    write_partition_plot(task, out / "partition.png")
     return dirs
+
+
+def write_partition_plot(task: Task, path: str | os.PathLike[str]) -> None:
+    """``partition.png`` of ``task``: its partitions' label histograms as stacked bars (client sizes on top).
+
+    See :func:`fl_app.data.partition_plot.plot_partitions`.
+    """
+    from fl_app.data.partition_plot import plot_partitions
+
+    plot_partitions(task.data.y_train.numpy(), task.partitions, task.data.num_classes, path,
+                    title=f"{task.data.name}: partition={task.partition_scheme}, {len(task.partitions)} clients")
 
 
 def check_batch_size(task: Task, batch_size: int) -> None:

@@ -5,7 +5,8 @@
 ``engine=inprocess|ray``; ``sflower run resume=RUN_DIR`` continues a killed
 run from its last checkpoint (``checkpoint-every=N``). ``sflower partition ... out=DIR`` writes each
 partition's training files to its own directory (device-local data for a
-deployment rehearsal). Bad input prints one line and exits with status 2.
+deployment rehearsal) and ``DIR/partition.png``. ``sflower evaluate RUN_DIR``
+evaluates a run's saved model. Bad input prints one line and exits with status 2.
 """
 
 from __future__ import annotations
@@ -97,8 +98,10 @@ def cmd_partition(args: argparse.Namespace) -> int:
     Takes the run-config keys that define the partitions
     (:data:`fl_app.task.PARTITION_KEYS`: ``dataset``, ``data-dir``,
     ``num-clients``, ``partition``, ``alpha``, ``shards``, ``seed``,
-    ``min-partition-size``; defaults as in ``sflower run``) and ``out``. The
-    partitions equal the simulation's for the same keys; see
+    ``min-partition-size``, ``num-classes-per-partition``,
+    ``class-assignment-mode``, ``partition-sizes``; defaults as in ``sflower
+    run``) and ``out``. The partitions equal the simulation's for the same
+    keys; ``DIR/partition.png`` shows them; see
     :func:`fl_app.task.write_partition_dirs`.
     """
     from fl_app.task import PARTITION_KEYS, write_partition_dirs
@@ -117,6 +120,33 @@ def cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The options of ``sflower evaluate`` besides the run directory.
+EVALUATE_KEYS = ("dataset", "data-dir", "device")
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """``sflower evaluate RUN_DIR|FILE.safetensors [dataset=... data-dir=... device=...]``: a saved model's test accuracy.
+
+    Loads ``RUN_DIR/model.safetensors`` (or the file given, e.g.
+    ``RUN_DIR/model-best.safetensors``) and evaluates it on the run's test set,
+    or on ``dataset``'s; see :func:`fl_app.saved_model.evaluate_saved_model`.
+    """
+    from fl_app.saved_model import evaluate_saved_model
+
+    pairs = {k.replace("_", "-"): v for k, v in parse_key_values(args.pairs).items()}
+    unknown = sorted(set(pairs) - set(EVALUATE_KEYS))
+    if unknown:
+        raise ConfigError(f"evaluate takes {', '.join(EVALUATE_KEYS)}, not {', '.join(unknown)}")
+    res = evaluate_saved_model(args.target, dataset=pairs.get("dataset"), data_dir=pairs.get("data-dir"),
+                               device=pairs.get("device", "auto"))
+    meta = res["meta"]
+    clients = f" (mean over {len(meta['clients'])} client models)" if meta.get("clients") else ""
+    print(f"test_accuracy {res['test_accuracy']!r} test_loss {res['test_loss']!r}{clients} on {res['dataset']}'s "
+          f"{res['test_examples']} test images; {meta['model']}, the {meta['which']} model of {meta['strategy']} at "
+          f"global iteration {meta['global-iteration']} (the run recorded test_accuracy {meta['test-accuracy']!r})")
+    return 0
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     """``sflower deploy nodes=N [options] [run-config keys]``: a loopback SuperLink/SuperNode deployment.
 
@@ -128,7 +158,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     missing = flower_binaries_missing()
     if missing:
-        raise ConfigError(f"deploy needs Flower's {', '.join(missing)} (pip install 'flwr[simulation]==1.41.0')")
+        raise ConfigError(f"deploy needs Flower's {', '.join(missing)} (pip install 'flwr[simulation]>=1.41.0,<1.42')")
     words = list(args.pairs)
     if words[:1] == ["bench"]:
         from simulation.bench_deploy import run_bench
@@ -255,9 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "generation: REV's statistics memory beside ours (default HEAD); "
                          "summary (required): REV's headline figures beside ours, in one table")
     bn.set_defaults(func=cmd_bench)
-    pt = sub.add_parser("partition", help="write each partition's training files to DIR/partition-K",
+    pt = sub.add_parser("partition", help="write each partition's training files to DIR/partition-K, "
+                                          "and DIR/partition.png",
                         description="Keys: dataset, data-dir, num-clients, partition, alpha, shards, seed, "
-                                    "min-partition-size, out (required)")
+                                    "min-partition-size, num-classes-per-partition, class-assignment-mode, "
+                                    "partition-sizes, out (required)")
     pt.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
     pt.set_defaults(func=cmd_partition)
     dp = sub.add_parser("deploy", help="loopback deployment: SuperLink, N SuperNodes with own data, TLS, auth",
@@ -267,6 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
     dp.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
     dp.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     dp.set_defaults(func=cmd_deploy)
+    ev = sub.add_parser("evaluate", help="test accuracy of a run's saved model (model.safetensors)",
+                        description="sflower evaluate RUN_DIR|FILE.safetensors [dataset=NAME data-dir=DIR "
+                                    "device=auto|cpu|cuda]")
+    ev.add_argument("target", metavar="RUN_DIR")
+    ev.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
+    ev.set_defaults(func=cmd_evaluate)
     st = sub.add_parser("strategies", help="list strategies")
     st.set_defaults(func=cmd_strategies)
     return parser

@@ -520,8 +520,12 @@ class Deployment:
             env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(FAST_POLL_S)
         return env
 
-    def start_superlink(self, ready_timeout: float = 120.0) -> None:
+    def start_superlink(self, ready_timeout: float = 120.0, simulation: bool = False) -> None:
         """Make certificates (with TLS) and start the SuperLink; write the CLI's connection config.
+
+        With ``simulation``, the SuperLink runs Flower's simulation engine
+        (``--simulation``): no SuperNodes, ``flwr run --federation-config``
+        sizes the virtual federation.
 
         Raises:
             DeployError: certificates failed, or the SuperLink died or did not
@@ -530,6 +534,8 @@ class Deployment:
         self.port = free_port()
         argv = [_exe("flower-superlink"), "--host", "127.0.0.1", "--port", str(self.port),
                 "--disable-runtime-dependency-installation"]
+        if simulation:
+            argv += ["--simulation", "--isolation", "subprocess"]
         if self.tls:
             self.certs = make_certificates(self.run_dir / "certs", self.logs / "certs.log")
             argv += ["--ssl-ca-certfile", str(self.certs["ca"]), "--ssl-certfile", str(self.certs["cert"]),
@@ -601,8 +607,12 @@ class Deployment:
             self.processes.start(f"{name}-superexec", sx, self.logs / f"{name}-superexec.log", env)
         return spec.proc
 
-    def run_app(self, run_config: Mapping[str, Any], app_dir: Path = APP_DIR) -> Proc:
+    def run_app(self, run_config: Mapping[str, Any], app_dir: Path = APP_DIR,
+                federation_config: str | None = None) -> Proc:
         """``flwr run APP sflower-deploy --run-config RUN_DIR/run-config.toml --stream`` in the background.
+
+        ``federation_config`` (e.g. ``"num-supernodes=2"``) is passed as
+        ``--federation-config`` (a simulation SuperLink's federation).
 
         Raises:
             DeployError: ``flwr`` is not installed.
@@ -612,6 +622,8 @@ class Deployment:
         path = self.run_dir / "run-config.toml"
         path.write_text(tomli_w.dumps(dict(run_config)))
         argv = [_exe("flwr"), "run", str(app_dir), CONNECTION, "--run-config", str(path), "--stream"]
+        if federation_config:
+            argv += ["--federation-config", federation_config]
         return self.processes.start("flwr-run", argv, self.logs / "flwr-run.log", self.env(), cwd=app_dir)
 
 
@@ -625,7 +637,7 @@ def _exe(name: str) -> str:
     """:func:`_find_exe`, or DeployError when the script is not installed."""
     found = _find_exe(name)
     if found is None:
-        raise DeployError(f"'{name}' not found: install flwr 1.41 (pip install 'flwr[simulation]==1.41.0')")
+        raise DeployError(f"'{name}' not found: install flwr 1.41 (pip install 'flwr[simulation]>=1.41.0,<1.42')")
     return found
 
 

@@ -23,6 +23,13 @@ interrupted sweep resumes where it stopped (a diverged run is a result: the
 same seed diverges again). A run that diverges or fails is reported in one
 line and the sweep goes on. The table of all runs is written to
 ``DIR/results.csv``.
+
+With ``tracker=...`` in ``[base]`` (or the grid), every run is tracked
+under its directory's name (``variant=gas,seed=0``) with its grid keys, its
+variant and its seed as tags, in one store for the sweep: ``DIR/mlflow.db``
+(experiment: the sweep's name), ``DIR/wandb`` (project and group: the
+sweep's name), and each run's ``tensorboard/`` (``tensorboard --logdir DIR``
+shows them side by side); see :func:`tracking_context`.
 """
 
 from __future__ import annotations
@@ -33,12 +40,15 @@ import math
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
+
+if TYPE_CHECKING:
+    from simulation.trackers import TrackingContext
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
@@ -107,6 +117,18 @@ def is_complete(run_dir: Path) -> bool:
         return False
 
 
+def tracking_context(out: Path, run: Mapping[str, Any], grid_keys: list[str]) -> TrackingContext:
+    """The trackers' names for one run of a sweep in ``out``: the sweep's store, the run's grid keys as tags."""
+    from fl_app.config import DEFAULTS
+    from simulation.trackers import TrackingContext
+
+    tags = {k: str(run[k]) for k in grid_keys}
+    tags.setdefault("seed", str(run.get("seed", DEFAULTS["seed"])))
+    tags.update(strategy=str(run.get("strategy", DEFAULTS["strategy"])), sweep=out.name)
+    return TrackingContext(store_dir=out, run_name=run_name(run, grid_keys), experiment=out.name, group=out.name,
+                           tags=tags)
+
+
 def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: bool = True) -> pd.DataFrame:
     """Run every missing run of a sweep (in-process unless ``engine`` says otherwise), then collect.
 
@@ -133,6 +155,7 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
         cfg = run_config(run)
         cfg["output-dir"] = str(run_dir)
         plan = plan_run(RunConfig.from_mapping(cfg))
+        plan.tracking = tracking_context(out, run, grid_keys)
         engine = run.get("engine", "inprocess")
         try:
             (run_ray if engine == "ray" else run_inprocess)(plan, progress=progress)

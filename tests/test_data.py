@@ -452,7 +452,7 @@ def test_hub_disabled_by_env(monkeypatch):
         (dict(num_partitions=4, scheme="dirichlet", alpha=-1.0), "alpha"),
         (dict(num_partitions=4, scheme="shard", shards=0), "shards"),
         (dict(num_partitions=60, scheme="shard", shards=2), "lower num-clients or shards"),
-        (dict(num_partitions=4, scheme="pathological"), "unknown partition scheme"),
+        (dict(num_partitions=4, scheme="quantity-skew"), "unknown partition scheme"),
         (dict(num_partitions=2.5, scheme="iid"), "integer"),
         (dict(num_partitions=2, scheme="iid", seed="x"), "seed"),
     ],
@@ -513,7 +513,8 @@ def test_label_histogram():
 
 def test_public_names():
     assert D.DATASETS == ("mnist-5k", "mnist", "fashion-mnist", "cifar10", "cifar100")
-    assert D.PARTITIONS == ("iid", "dirichlet", "shard", "label-sorted", "contiguous")
+    assert D.PARTITIONS == ("iid", "dirichlet", "shard", "label-sorted", "contiguous", "pathological",
+                            "inner-dirichlet", "linear", "square", "exponential")
     for obj in (D.ImageDataset, D.ImageDataset.train_batch, D.ImageDataset.test_batches,
                 D.load_dataset, D.partition_indices, D.label_histogram):
         assert obj.__doc__

@@ -29,6 +29,8 @@ Modules:
 * :mod:`fl_app.data.load`: :func:`load_dataset`, the cached dispatcher between
   the sources.
 * :mod:`fl_app.data.partition`: :func:`partition_indices`.
+* :mod:`fl_app.data.partition_plot`: ``partition.png``, the label histogram of
+  every partition (flwr-datasets' ``plot_label_distributions``).
 * :mod:`fl_app.data.device`: device-local data (a SuperNode's own training
   files, ``--node-config data-dir=DIR``): :func:`load_device_dataset` and
   :func:`write_training_files` (what ``sflower partition`` writes).
@@ -42,7 +44,7 @@ from __future__ import annotations
 from fl_app.data.dataset import DATASETS, ImageDataset, label_histogram
 from fl_app.data.device import load_device_dataset, write_training_files
 from fl_app.data.load import load_dataset
-from fl_app.data.partition import PARTITIONS, partition_indices
+from fl_app.data.partition import PARTITIONS, parse_partition_sizes, partition_indices
 
 __all__ = [
     "DATASETS",
@@ -50,6 +52,7 @@ __all__ = [
     "ImageDataset",
     "load_dataset",
     "partition_indices",
+    "parse_partition_sizes",
     "label_histogram",
     "load_device_dataset",
     "write_training_files",

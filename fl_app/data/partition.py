@@ -9,15 +9,32 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import os
 import warnings
 
 import numpy as np
 
 from fl_app.errors import ConfigError
 
-__all__ = ["PARTITIONS", "partition_indices", "label_sorted_partition"]
+# flwr-datasets reads FLWR_TELEMETRY_ENABLED when it is first imported (below, lazily), and its plotting
+# helper (partition.png) then posts a usage event. sflower makes no network call unless asked: off by default.
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
-PARTITIONS: tuple[str, ...] = ("iid", "dirichlet", "shard", "label-sorted", "contiguous")
+__all__ = ["PARTITIONS", "CLASS_ASSIGNMENT_MODES", "partition_indices", "label_sorted_partition",
+           "parse_partition_sizes"]
+
+PARTITIONS: tuple[str, ...] = ("iid", "dirichlet", "shard", "label-sorted", "contiguous", "pathological",
+                               "inner-dirichlet", "linear", "square", "exponential")
+
+#: ``class-assignment-mode`` values of ``pathological`` (flwr-datasets' ``PathologicalPartitioner``).
+CLASS_ASSIGNMENT_MODES: tuple[str, ...] = ("first-deterministic", "deterministic", "random")
+
+#: The size-skewed schemes: flwr-datasets partitioner and the law of client ``k``'s share, ``f(k + 1)``.
+SIZE_SKEW: dict[str, tuple[str, str]] = {
+    "linear": ("LinearPartitioner", "k + 1"),
+    "square": ("SquarePartitioner", "(k + 1)^2"),
+    "exponential": ("ExponentialPartitioner", "e^(k + 1)"),
+}
 
 
 def partition_indices(
@@ -29,6 +46,9 @@ def partition_indices(
     shards: int = 2,
     seed: int = 0,
     min_partition_size: int = 1,
+    num_classes_per_partition: int = 2,
+    class_assignment_mode: str = "first-deterministic",
+    partition_sizes: tuple[int, ...] | None = None,
 ) -> list[np.ndarray]:
     """Split the training set among ``num_partitions`` clients.
 
@@ -57,6 +77,26 @@ def partition_indices(
       contiguous chunks of near-equal size (``np.array_split``); no
       randomness. The RingSFL authors' IID split (MNIST's file order is not
       sorted by label).
+    * ``pathological``: ``PathologicalPartitioner(num_classes_per_partition=...,
+      class_assignment_mode=..., shuffle=True, seed=seed)`` (Li et al. 2022,
+      "Federated Learning on Non-IID Data Silos"): each client holds exactly
+      ``num_classes_per_partition`` classes; each class is split evenly among
+      the clients that hold it. ``first-deterministic`` (the paper's, default):
+      client ``k``'s first class is ``k mod C``, the others random;
+      ``deterministic``: classes ``k, k+1, ...`` (mod C); ``random``: all
+      random. A class that no client draws is left out (only possible with
+      fewer clients than classes, or with ``random``).
+    * ``inner-dirichlet``: ``InnerDirichletPartitioner(partition_sizes, alpha=alpha,
+      shuffle=True, seed=seed)`` (Acar et al. 2021, "FedDyn"): the client sizes
+      are given (``partition_sizes``; None: ``N`` split as evenly as possible),
+      and each client's labels follow its own Dirichlet(alpha) prior, drawn
+      example by example until its size is reached.
+    * ``linear``, ``square``, ``exponential``: the rows permuted with
+      ``seed``, then ``LinearPartitioner`` / ``SquarePartitioner`` /
+      ``ExponentialPartitioner``: client ``k`` (from 0) gets
+      ``floor(N · f(k+1) / Σ_j f(j+1))`` rows with ``f(x) = x``, ``x²`` or
+      ``eˣ``, and the last client also the rows that rounding left over
+      (:data:`SIZE_SKEW`); labels are IID within the sizes.
 
     Args:
         labels: ``[N]`` integer labels of the training set.
@@ -65,6 +105,14 @@ def partition_indices(
         alpha: Dirichlet concentration, ``> 0`` (``dirichlet`` only).
         shards: shards per client, ``>= 1`` (``shard`` only).
         seed: partition seed; the result depends only on the arguments.
+        min_partition_size: ``dirichlet``: resample until every client has
+            at least this many rows.
+        num_classes_per_partition: ``pathological``: classes per client,
+            ``1 <= k <=`` the number of classes.
+        class_assignment_mode: ``pathological``: one of :data:`CLASS_ASSIGNMENT_MODES`.
+        partition_sizes: ``inner-dirichlet``: one size ``>= 1`` per client,
+            summing to at most ``N`` (rows beyond the sum are left out);
+            None: as even as possible, summing to ``N``.
 
     Returns:
         ``num_partitions`` int64 arrays of row indices into the training set,
@@ -75,7 +123,11 @@ def partition_indices(
             ``num_partitions`` outside ``[1, N]``, ``alpha <= 0``, ``shards < 1``,
             non-integer seed), an impossible configuration (``num_partitions *
             shards > N``; Dirichlet sampling that leaves a partition empty after
-            11 tries), or an empty partition.
+            11 tries), or an empty partition; ``pathological`` with more
+            classes per client than classes, or a class drawn by more clients
+            than it has rows; ``inner-dirichlet`` sizes of the wrong count or
+            sum, or a Dirichlet prior that runs out of classes; a size skew
+            that leaves its smallest client empty.
     """
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.size == 0:
@@ -107,8 +159,18 @@ def partition_indices(
                 f"lower num-clients or shards"
             )
         alpha = 0.0
+    elif scheme == "inner-dirichlet":
+        alpha = float(alpha)
+        if not (alpha > 0 and math.isfinite(alpha)):
+            raise ConfigError(f"inner-dirichlet alpha must be a positive number, got {alpha}")
+        shards = 0
     else:
         alpha, shards = 0.0, 0
+    extra: tuple = ()
+    if scheme == "pathological":
+        extra = _pathological_args(labels, num_partitions, num_classes_per_partition, class_assignment_mode)
+    elif scheme == "inner-dirichlet":
+        extra = _inner_dirichlet_sizes(n, num_partitions, partition_sizes)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ConfigError(f"partition seed must be an integer, got {seed!r}")
     labels = labels.astype(np.int64, copy=False)
@@ -118,8 +180,55 @@ def partition_indices(
         return [chunk.copy() for chunk in np.array_split(np.arange(n, dtype=np.int64), num_partitions)]
     key = hashlib.sha1(np.ascontiguousarray(labels).tobytes()).hexdigest()
     min_size = max(1, int(min_partition_size)) if scheme == "dirichlet" else 1
-    cached = _partition_lru(key, n, num_partitions, scheme, alpha, shards, int(seed), min_size, _Unhashed(labels))
+    cached = _partition_lru(key, n, num_partitions, scheme, alpha, shards, int(seed), min_size, extra,
+                            _Unhashed(labels))
     return [p.copy() for p in cached]
+
+
+def parse_partition_sizes(text: str) -> tuple[int, ...] | None:
+    """The ``partition-sizes`` key: ``"1000:500:2500"`` -> ``(1000, 500, 2500)``; ``""`` -> None.
+
+    Raises:
+        ConfigError: an item that is not a positive integer.
+    """
+    text = str(text).strip()
+    if not text:
+        return None
+    sizes = []
+    for item in text.split(":"):
+        try:
+            size = int(item.strip())
+        except ValueError:
+            size = 0
+        if size < 1:
+            raise ConfigError(f"partition-sizes={text!r}: each size must be a positive integer, got {item!r}")
+        sizes.append(size)
+    return tuple(sizes)
+
+
+def _pathological_args(labels: np.ndarray, num_partitions: int, k: int, mode: str) -> tuple[int, str]:
+    """Checked ``(num_classes_per_partition, class_assignment_mode)``."""
+    classes = int(np.unique(labels).size)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= classes:
+        raise ConfigError(f"num-classes-per-partition must be an integer in 1..{classes} "
+                          f"(the dataset's classes), got {k!r}")
+    if mode not in CLASS_ASSIGNMENT_MODES:
+        raise ConfigError(f"class-assignment-mode must be one of {', '.join(CLASS_ASSIGNMENT_MODES)}, got {mode!r}")
+    return int(k), str(mode)
+
+
+def _inner_dirichlet_sizes(n: int, num_partitions: int, sizes: tuple[int, ...] | None) -> tuple[int, ...]:
+    """Checked client sizes of ``inner-dirichlet`` (None: ``n`` split as evenly as possible)."""
+    if sizes is None:
+        return tuple(int(len(c)) for c in np.array_split(np.arange(n), num_partitions))
+    sizes = tuple(int(s) for s in sizes)
+    if len(sizes) != num_partitions:
+        raise ConfigError(f"partition-sizes gives {len(sizes)} sizes for {num_partitions} clients (num-clients)")
+    if min(sizes) < 1:
+        raise ConfigError(f"partition-sizes must be positive, got {min(sizes)}")
+    if sum(sizes) > n:
+        raise ConfigError(f"partition-sizes sum to {sum(sizes)}, more than the {n} training examples")
+    return sizes
 
 
 def label_sorted_partition(labels: np.ndarray, num_partitions: int) -> list[np.ndarray]:
@@ -170,11 +279,12 @@ def _partition_lru(
     shards: int,
     seed: int,
     min_size: int,
+    extra: tuple,
     labels_box: _Unhashed,
 ) -> tuple[np.ndarray, ...]:
     labels = labels_box.value
     labels_box.value = None  # the cache keeps the box as part of its key; do not keep the labels
-    parts = _partition_compute(labels, num_partitions, scheme, alpha, shards, seed, min_size)
+    parts = _partition_compute(labels, num_partitions, scheme, alpha, shards, seed, min_size, extra)
     for p in parts:
         p.setflags(write=False)
     return tuple(parts)
@@ -188,19 +298,29 @@ def _partition_compute(
     shards: int,
     seed: int,
     min_size: int = 1,
+    extra: tuple = (),
 ) -> list[np.ndarray]:
     import datasets as hf
-    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, ShardPartitioner
+    from flwr_datasets import partitioner as fp
 
     n = labels.size
     idx = np.arange(n, dtype=np.int64)
-    if scheme == "iid":
-        # IidPartitioner takes contiguous chunks without shuffling: permute first.
+    if scheme == "iid" or scheme in SIZE_SKEW:
+        # IidPartitioner and the size partitioners take contiguous chunks without shuffling: permute first.
         perm = np.random.default_rng(seed).permutation(n)
         idx, labels = idx[perm], labels[perm]
-        partitioner = IidPartitioner(num_partitions=num_partitions)
+        cls = fp.IidPartitioner if scheme == "iid" else getattr(fp, SIZE_SKEW[scheme][0])
+        partitioner = cls(num_partitions=num_partitions)
+    elif scheme == "pathological":
+        k, mode = extra
+        partitioner = fp.PathologicalPartitioner(num_partitions=num_partitions, partition_by="label",
+                                                 num_classes_per_partition=k, class_assignment_mode=mode,
+                                                 shuffle=True, seed=seed)
+    elif scheme == "inner-dirichlet":
+        partitioner = fp.InnerDirichletPartitioner(partition_sizes=list(extra), partition_by="label", alpha=alpha,
+                                                   shuffle=True, seed=seed)
     elif scheme == "dirichlet":
-        partitioner = DirichletPartitioner(
+        partitioner = fp.DirichletPartitioner(
             num_partitions=num_partitions,
             partition_by="label",
             alpha=alpha,
@@ -210,7 +330,7 @@ def _partition_compute(
             seed=seed,
         )
     else:
-        partitioner = ShardPartitioner(
+        partitioner = fp.ShardPartitioner(
             num_partitions=num_partitions,
             partition_by="label",
             num_shards_per_partition=shards,
@@ -232,7 +352,8 @@ def _partition_compute(
         raise ConfigError(_partition_error_message(scheme, num_partitions, alpha, shards, n, err)) from None
     for i, p in enumerate(out):
         if p.size == 0:
-            hint = "raise alpha" if scheme == "dirichlet" else "use fewer shards"
+            hint = {"dirichlet": "raise alpha", "shard": "use fewer shards",
+                    "pathological": "lower num-classes-per-partition"}.get(scheme, "use another partition")
             raise ConfigError(f"partition {i} is empty; lower num-clients or {hint}")
     return out
 
@@ -249,6 +370,21 @@ def _partition_error_message(
         return (
             f"shard partition of {n} samples into {num_partitions} clients x {shards} shards is "
             f"impossible; lower num-clients or shards"
+        )
+    if scheme in SIZE_SKEW:
+        return (
+            f"{scheme} partition of {n} samples into {num_partitions} clients leaves client 0 empty "
+            f"(client k gets a share ~ {SIZE_SKEW[scheme][1]}); lower num-clients"
+        )
+    if scheme == "pathological":
+        return (
+            f"pathological partition into {num_partitions} clients is impossible: a class is drawn by more "
+            f"clients than it has examples; lower num-clients or num-classes-per-partition"
+        )
+    if scheme == "inner-dirichlet":
+        return (
+            f"inner-dirichlet partition with alpha={alpha} ran out of classes for a client's prior; "
+            f"raise alpha or change partition-sizes"
         )
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return f"{scheme} partition into {num_partitions} clients failed: {first}"
