@@ -46,7 +46,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fl_app import protocol as P
-from fl_app.config import Option, RunConfig
+from fl_app.config import DEFAULTS, Option, RunConfig
 from fl_app.costs import BlockCosts
 from fl_app.device import model_device, resolve_device, to_device
 from fl_app.models import BlockModel
@@ -948,6 +948,8 @@ class SFLStrategy(Strategy):
         if meta.get("strategy") != self.name:
             raise ckpt.CheckpointError(f"{path} is a checkpoint of strategy '{meta.get('strategy')}', not '{self.name}'")
         mine, theirs = self.cfg.as_dict(), dict(meta.get("config", {}))
+        # a key newer than the checkpoint had its default then: it does not differ if it has it now
+        theirs = {**{k: v for k, v in DEFAULTS.items() if k in mine}, **theirs}
         diff = sorted(k for k in set(mine) | set(theirs)
                       if k not in ("checkpoint-every", "output-dir") and mine.get(k) != theirs.get(k))
         if diff:

@@ -172,3 +172,21 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
         ckpt.write(path, {"global_iteration": 6}, b"state-6")
     monkeypatch.undo()
     assert ckpt.read(path) == ({"global_iteration": 3}, b"state-3")
+
+
+def test_checkpoint_older_than_a_key_resumes(tmp_path, monkeypatch):
+    """A checkpoint written before a key existed (its config lacks it) resumes when the key has its
+    default, and ends where an uninterrupted run does."""
+    cfg = {**BASE, "strategy": "fedbuff", "global-iterations": 4, "checkpoint-every": 2}
+    run_dir = tmp_path / "old"
+    with monkeypatch.context() as m:
+        _kill_after_row(m, 3)
+        with pytest.raises(_Killed):
+            run_inprocess(plan_run(RunConfig.from_mapping({**cfg, "output-dir": str(run_dir)})), progress=False)
+    path = run_dir / ckpt.CHECKPOINT_FILE
+    meta, state = ckpt.read(path)
+    for key in ("init-seed", "tracker", "client-momentum"):
+        del meta["config"][key]
+    ckpt.write(path, meta, state)
+    assert cli.main(["run", "-q", f"resume={run_dir}"]) == 0
+    _same_metrics(run_dir / "metrics.csv", _reference(tmp_path, cfg))
