@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from fl_app import protocol as P
-from fl_app.task import seeded_generator
-from fl_app.config import Option
+from fl_app.task import Task, seeded_generator
+from fl_app.config import Option, RunConfig
 from fl_app.errors import ConfigError
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.base import AsyncStrategy
@@ -130,7 +130,7 @@ class GAS(SplitMixin, AsyncStrategy):
         self.shared_momentum = SharedMomentum(c.momentum, self.device) if c.client_momentum == "shared" else None
 
     @classmethod
-    def check_config(cls, cfg, task) -> None:
+    def check_config(cls, cfg: RunConfig, task: Task) -> None:
         """``client-momentum=shared`` shares an SGD momentum buffer between first-order clients.
 
         Raises:
