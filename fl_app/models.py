@@ -63,11 +63,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable, Sequence
-
-import logging
 
 import torch
 from torch import nn

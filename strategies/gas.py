@@ -28,7 +28,6 @@ alone keeps the first-order server step.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -183,8 +182,7 @@ class GAS(SplitMixin, AsyncStrategy):
         nxt = P.NEXT_WEIGHTS if done else P.NEXT_FORWARD
         request = self.backward_request(grad, nxt, self.cfg.batch_size)
         if self.shared_momentum is not None:  # the buffer goes down, and comes back up
-            self.shared_momentum.attach(pid, request.content)
-            request = dataclasses.replace(request, bits_up=request.bits_up + self.costs.param_bits(0, self.cut))
+            request = self.shared_momentum.attach(pid, request, self.costs.param_bits(0, self.cut))
         self.send(pid, request)
         self.activation_buffer.append((x, y))
         if sum(int(b[1].numel()) for b in self.activation_buffer) >= self.q_s * self.cfg.batch_size:

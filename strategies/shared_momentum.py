@@ -22,10 +22,13 @@ travels both ways: one client-side model's worth of bits each.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from flwr.app import ArrayRecord
 
 from fl_app import protocol as P
+from strategies.dispatcher import Request
 
 
 class SharedMomentum:
@@ -44,10 +47,12 @@ class SharedMomentum:
         #: the m each client with a step in flight was sent
         self.sent: dict[int, dict[str, torch.Tensor]] = {}
 
-    def attach(self, pid: int, content) -> None:
-        """Put ``m`` into a ``train.backward``'s content (a RecordDict) for client ``pid``."""
-        content[P.OPTIMIZER] = P.state_record(self.buffer)
+    def attach(self, pid: int, request: Request, bits: float) -> Request:
+        """Client ``pid``'s ``train.backward`` carrying ``m`` down; its reply carries ``m_k`` back,
+        charged as ``bits`` more upload (one client-side model, :meth:`BlockCosts.param_bits`)."""
+        request.content[P.OPTIMIZER] = P.state_record(self.buffer)
         self.sent[pid] = self.buffer
+        return dataclasses.replace(request, bits_up=request.bits_up + bits)
 
     def fold(self, pid: int, returned: ArrayRecord) -> None:
         """``m ← β·m + (m_k − β·m_sent)`` for client ``pid``'s returned buffer ``m_k``."""
