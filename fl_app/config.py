@@ -136,9 +136,9 @@ CORE_KEYS: tuple[str, ...] = (
 PRESETS: dict[str, dict[str, Any]] = {
     # The GAS authors' published code (github.com/eejiarong/GAS): their AlexNet
     # (no ReLU after conv3, conv4, fc1, fc2), PyTorch's own init, uniform
-    # client-model averaging, and a batch timed as one sample's FLOPs (README:
-    # "Presets"). Their shared, never-reset client optimizer is not carried over
-    # yet (issue 20).
+    # client-model averaging, a batch timed as one sample's FLOPs, their hard-coded
+    # seed 2023 for the initial weights, and their one client optimizer shared by all
+    # clients, never reset (client-momentum=shared; README: "Presets").
     "gas-reference": {"model": "alexnet-gas", "init": "torch-default", "aggregation": "uniform",
                       "batch-parallel": True, "client-momentum": "shared", "init-seed": 2023},
     # MU-SplitFed (mu-splitfed.txt, §5): 10 clients, 5 per round, exponential
