@@ -700,7 +700,7 @@ def test_dropout_recompute_uses_the_forward_masks(client_node, monkeypatch):
     (same dropout masks), and the step equals one in-process forward/backward."""
     from fl_app import live
     from fl_app import protocol as P
-    from fl_app.client_app import RNG_SEED
+    from fl_app.client.state import RNG_SEED
 
     # the recomputation as under Ray and in deployment: in-process nodes would otherwise reuse the
     # forward pass's own graph (fl_app.live; test_ringsfl.py::test_live_objects_change_no_number)
