@@ -11,7 +11,7 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fl_app import protocol as P
-from fl_app.client.node import Node
+from fl_app.client.node import Node, node_and_config
 from fl_app.client.state import SAMPLER_KEY
 from fl_app.models import fixed_rng
 from fl_app.training import evaluate_model, local_fit
@@ -19,8 +19,7 @@ from fl_app.training import evaluate_model, local_fit
 
 def train_fit(msg: Message, context: Context) -> Message:
     """Full-model local training for the FL baselines (FedAvg, FedBuff, CA2FL)."""
-    node = Node(context)
-    cfg = P.FitConfig.from_record(P.config_of(msg.content, P.CONFIG))
+    node, cfg = node_and_config(msg, context, P.FitConfig)
     model = node.full_model(msg.content)
     with fixed_rng(node.forward_seed(), node.device):  # dropout masks reproducible on every engine
         loss = local_fit(

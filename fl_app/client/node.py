@@ -12,6 +12,7 @@ forward passes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -27,6 +28,9 @@ from fl_app.models import BlockModel
 from fl_app.task import Task, load_device_task, load_task
 from fl_app.training import next_batch
 from fl_app.zo import zo_seed
+
+#: A message config type of :mod:`fl_app.protocol` (``from_record``).
+C = TypeVar("C")
 
 
 class Node:
@@ -124,6 +128,18 @@ class Node:
         model = self.task.build_model()
         model.load_state_dict(P.record_state(P.array_of(content, P.WEIGHTS)))
         return self.place(model)
+
+
+def node_and_config(msg: Message, context: Context, config_type: type[C]) -> tuple[Node, C]:
+    """The :class:`Node` of ``context`` and the message's ``config`` record read as ``config_type``.
+
+    Raises:
+        RuntimeError: the node has no task yet (see :class:`Node`).
+        KeyError: the message has no ``config`` record (a bad one raises what
+            ``config_type.from_record`` raises).
+    """
+    node = Node(context)
+    return node, config_type.from_record(P.config_of(msg.content, P.CONFIG))
 
 
 def acknowledgement() -> RecordDict:

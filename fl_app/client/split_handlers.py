@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from torch import nn
 
 from fl_app import protocol as P
-from fl_app.client.node import Node, acknowledgement
+from fl_app.client.node import Node, acknowledgement, node_and_config
 from fl_app.client.state import RNG_SEED
 from fl_app.live import committing
 from fl_app.models import fixed_rng
@@ -78,8 +78,7 @@ def train_forward(msg: Message, context: Context) -> Message:
 @committing
 def train_backward(msg: Message, context: Context) -> Message:
     """Recompute the slot's stored forward, apply the received gradient (see :class:`~fl_app.protocol.BackwardConfig`)."""
-    node = Node(context)
-    cfg = P.BackwardConfig.from_record(P.config_of(msg.content, P.CONFIG))
+    node, cfg = node_and_config(msg, context, P.BackwardConfig)
     slot = node.slot(cfg.slot, cfg.model_slot)
     start, end = slot.range
     model = slot.model(start, end)
@@ -116,8 +115,7 @@ def train_backward(msg: Message, context: Context) -> Message:
 @committing
 def train_step(msg: Message, context: Context) -> Message:
     """Apply a slot's accumulated gradient (see :class:`~fl_app.protocol.StepConfig`)."""
-    node = Node(context)
-    cfg = P.StepConfig.from_record(P.config_of(msg.content, P.CONFIG))
+    node, cfg = node_and_config(msg, context, P.StepConfig)
     slot = node.slot(cfg.slot)
     model = slot.model(*((cfg.start, cfg.end) if cfg.end else slot.range))
     opt = slot.optimizer(model, cfg)

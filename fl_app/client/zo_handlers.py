@@ -13,7 +13,7 @@ from __future__ import annotations
 from flwr.app import Context, Message, RecordDict
 
 from fl_app import protocol as P
-from fl_app.client.node import Node
+from fl_app.client.node import Node, node_and_config
 from fl_app.client.slots import Slot
 from fl_app.client.state import ZO_SEEDS
 from fl_app.device import to_device
@@ -43,8 +43,7 @@ def zo_forward(node: Node, slot: Slot, model: BlockModel, end: int, batch_size: 
 @committing
 def train_zo_forward(msg: Message, context: Context) -> Message:
     """Unperturbed and perturbed embeddings of a new batch (see :class:`~fl_app.protocol.ZOForwardConfig`)."""
-    node = Node(context)
-    cfg = P.ZOForwardConfig.from_record(P.config_of(msg.content, P.CONFIG))
+    node, cfg = node_and_config(msg, context, P.ZOForwardConfig)
     slot = node.slot(cfg.slot)
     slot.take_weights(msg.content)
     end = cfg.end or node.task.cut_layer
@@ -55,8 +54,7 @@ def train_zo_forward(msg: Message, context: Context) -> Message:
 @committing
 def train_zo_update(msg: Message, context: Context) -> Message:
     """ZO step from the loss differences; no backward pass (see :class:`~fl_app.protocol.ZOUpdateConfig`)."""
-    node = Node(context)
-    cfg = P.ZOUpdateConfig.from_record(P.config_of(msg.content, P.CONFIG))
+    node, cfg = node_and_config(msg, context, P.ZOUpdateConfig)
     slot = node.slot(cfg.slot)
     start, end = slot.range
     model = slot.model(start, end)
