@@ -31,6 +31,13 @@ from fl_app.zo import zo_seed
 
 #: A message config type of :mod:`fl_app.protocol` (``from_record``).
 C = TypeVar("C")
+#: ``node_config`` key of a node's own data directory (device-local data, ``--node-config data-dir=DIR``).
+NODE_DATA_DIR = "data-dir"
+#: ``node_config`` key of the torch device a node computes on (``--node-config 'device="cuda"'``);
+#: absent: the run's ``device`` key
+NODE_DEVICE = "device"
+#: The partition id a node reports in the handshake before it has one (device-local data, none given).
+UNASSIGNED = -1
 
 
 class Node:
@@ -207,13 +214,6 @@ def _partition_id(context: Context, cfg: RunConfig, required: bool = True) -> in
     return pid
 
 
-#: ``node_config`` key of a node's own data directory (device-local data, ``--node-config data-dir=DIR``).
-NODE_DATA_DIR = "data-dir"
-#: ``node_config`` key of the torch device a node computes on (``--node-config 'device="cuda"'``);
-#: absent: the run's ``device`` key
-NODE_DEVICE = "device"
-#: The partition id a node reports in the handshake before it has one (device-local data, none given).
-UNASSIGNED = -1
 #: (task record contents, data dir) -> (RunConfig, device Task), for this process (see :func:`_device_task_of`).
 _DEVICE_TASKS: dict[tuple, tuple[RunConfig, Task]] = {}
 
@@ -242,7 +242,6 @@ def _device_task_of(record: ConfigRecord, data_dir: str) -> tuple[RunConfig, Tas
             _DEVICE_TASKS.clear()
         _DEVICE_TASKS[key] = hit
     return hit
-
 
 
 def query_info(msg: Message, context: Context) -> Message:
