@@ -57,5 +57,8 @@ MODEL_PARTS = ("weights", "optimizer", "accum")
 
 
 def slot_key(slot: str, part: str) -> str:
-    """The ``context.state`` key of a slot's record ``part`` (``weights``, ``optimizer``, ``accum``, ``batch``, ``input``)."""
+    """The ``context.state`` key of a slot's record ``part``.
+
+    ``part`` is ``weights``, ``optimizer``, ``accum``, ``batch`` or ``input``.
+    """
     return f"slot.{slot}.{part}"
