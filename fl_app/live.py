@@ -50,6 +50,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from torch import nn
 
+from fl_app.protocol import record_tensor
+
 #: ``(key, Array.data)`` pairs: the identities a cached object is checked against (None: no record).
 Datas = tuple[tuple[str, bytes], ...] | None
 
@@ -220,7 +222,7 @@ class LiveCache:
         for k in keys:
             want = stored[k].data if stored is not None else INITIAL
             if live.equals[k] is not want:
-                load[k] = _decode(stored, k) if stored is not None else live.initial[k]
+                load[k] = record_tensor(stored, k) if stored is not None else live.initial[k]
             equals[k] = want
             live.equals[k] = DIRTY  # until the message succeeds
         if load:
@@ -306,12 +308,6 @@ class LiveCache:
         self._out = []
         self._new_graphs = {}
         self.graphs.clear()
-
-
-def _decode(record: ArrayRecord, key: str) -> torch.Tensor:
-    from fl_app.protocol import record_tensor
-
-    return record_tensor(record, key)
 
 
 #: Keep live objects where a node's state persists (False: rebuild everything in every message, as

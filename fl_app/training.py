@@ -1,4 +1,4 @@
-"""Client-side training primitives, shared by the ClientApp and the server.
+"""Training primitives, shared by the ClientApp and the server: optimizers, steps, batches, evaluation.
 
 Everything here is stateless: the state a client carries between messages
 (weights, optimizer momentum, sampler position) is passed in and returned as
@@ -8,7 +8,7 @@ messages (DESIGN.md section 4).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -155,6 +155,25 @@ def clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, clip_norm: float
     opt.zero_grad(set_to_none=True)
 
 
+def backward_step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, clip_norm: float, *,
+                  check: Callable[[torch.Tensor], None] | None = None,
+                  gradient: torch.Tensor | None = None) -> None:
+    """One optimizer step on ``loss``: check it, zero the gradients, back-propagate, clip and step.
+
+    Args:
+        loss: a scalar loss; or, with ``gradient``, any output to back-propagate
+            ``gradient`` (same shape) from (EPSL's aggregated last-layer gradient).
+        clip_norm: clip the gradient norm to this (0 = no clipping).
+        check: called first with ``loss.detach()``, e.g. to stop on a non-finite loss
+            (the strategies' ``check_loss``).
+    """
+    if check is not None:
+        check(loss.detach())
+    opt.zero_grad(set_to_none=True)
+    loss.backward(gradient)
+    clip_and_step(model, opt, clip_norm)
+
+
 def sample_batch(task: Task, partition_id: int, sampler: ConfigRecord, batch_size: int) -> np.ndarray:
     """Next mini-batch of a client, without replacement within an epoch.
 
@@ -196,6 +215,23 @@ def load_batch(task: Task, partition_id: int, indices: Iterable[int], step: int)
     return task.data.train_batch(np.asarray(list(indices), dtype=np.int64), gen)
 
 
+def next_batch(task: Task, partition_id: int, sampler: ConfigRecord, batch_size: int,
+               ) -> tuple[np.ndarray, int, torch.Tensor, torch.Tensor]:
+    """A client's next mini-batch of own data: :func:`sample_batch`, then :func:`load_batch`.
+
+    ``sampler`` (``epoch``, ``pos``, ``step``) is advanced in place by one step.
+
+    Returns:
+        ``(indices, step, x, y)``: the int64 indices, the step that seeds the
+        augmentation, and the CPU batch (see :func:`load_batch`).
+    """
+    step = int(sampler.get("step", 0))
+    idx = sample_batch(task, partition_id, sampler, batch_size)
+    sampler["step"] = step + 1
+    x, y = load_batch(task, partition_id, idx, step)
+    return idx, step, x, y
+
+
 def local_fit(
     model: nn.Module,
     task: Task,
@@ -223,13 +259,10 @@ def local_fit(
     total = 0.0
     device = model_device(model)
     for _ in range(iterations):
-        step = int(sampler.get("step", 0))
-        idx = sample_batch(task, partition_id, sampler, batch_size)
-        x, y = (to_device(t, device) for t in load_batch(task, partition_id, idx, step))
-        sampler["step"] = step + 1
+        _, _, x, y = next_batch(task, partition_id, sampler, batch_size)
+        x, y = to_device(x, device), to_device(y, device)
         loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        clip_and_step(model, opt, clip_norm)
+        backward_step(model, opt, loss, clip_norm)
         total += float(loss.detach())
     return total / max(iterations, 1)
 

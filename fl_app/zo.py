@@ -45,24 +45,34 @@ def direction(shapes: Sequence[torch.Size], seed: int) -> list[torch.Tensor]:
     """
     gen = torch.Generator().manual_seed(int(seed))
     parts = [torch.randn(tuple(s), generator=gen) for s in shapes]
-    norm = torch.sqrt(sum((p.double() ** 2).sum() for p in parts))
+    norm = norm_of(parts)
     return [(p.double() / norm).float() for p in parts]
+
+
+def norm_of(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The Euclidean norm of ``tensors`` taken as one vector, summed in float64 (a 0-d tensor)."""
+    return torch.sqrt(sum((t.double() ** 2).sum() for t in tensors))
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    """``model``'s trainable parameters (``requires_grad``), in ``parameters()`` order: the ZO coordinates."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def num_parameters(model: nn.Module) -> int:
     """``d``: the number of trainable parameters of ``model``."""
-    return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+    return int(sum(p.numel() for p in trainable(model)))
 
 
 def shapes_of(model: nn.Module) -> list[torch.Size]:
     """Shapes of ``model``'s trainable parameters, in ``parameters()`` order."""
-    return [p.shape for p in model.parameters() if p.requires_grad]
+    return [p.shape for p in trainable(model)]
 
 
 @torch.no_grad()
 def perturb_(model: nn.Module, u: Sequence[torch.Tensor], scale: float) -> None:
     """``w ← w + scale · u`` in place over the trainable parameters."""
-    for p, v in zip((p for p in model.parameters() if p.requires_grad), u):
+    for p, v in zip(trainable(model), u):
         p.add_(to_device(v, p.device), alpha=scale)
 
 
@@ -109,7 +119,7 @@ def perturbed_outputs(model: nn.Module, x: torch.Tensor, seeds: Sequence[int], m
     Returns:
         ``h`` ``[B, ...]``, ``h⁺`` and ``h⁻`` ``[P, B, ...]``.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = trainable(model)
     saved = [p.detach().clone() for p in params]
     shapes = [p.shape for p in params]
     h = model(x)
@@ -150,13 +160,13 @@ def zo_server_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seeds: Se
     Returns:
         the loss at ``w`` before the step.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = trainable(model)
     dirs: list[list[torch.Tensor]] = []
     logits, plus, minus = perturbed_outputs(model, x, seeds, mu, dirs)
     loss = float(nn.functional.cross_entropy(logits, y))
     diffs = [float(nn.functional.cross_entropy(a, y) - nn.functional.cross_entropy(b, y)) for a, b in zip(plus, minus)]
-    grads = spsa_gradient(diffs, dirs, mu, sum(p.numel() for p in params))
-    norm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads)))
+    grads = spsa_gradient(diffs, dirs, mu, num_parameters(model))
+    norm = float(norm_of(grads))
     factor = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0
     for p, g in zip(params, grads):
         p.sub_(to_device(g, p.device), alpha=lr * factor)

@@ -147,7 +147,7 @@ def test_handshake_reports_the_nodes_own_files(parts, tmp_path, server_identity,
     assert by_node[node_ids[1]].num_examples == 50
     assert sum("partition id" in r.getMessage() and "assigned" in r.getMessage() for r in caplog.records) == 2
     # the assigned id is the node's identity for the rest of the run (context.state)
-    from fl_app.client_app import IDENTITY_KEY
+    from fl_app.client.state import IDENTITY_KEY
 
     for nid in unassigned:
         assert int(grid.contexts[nid].state[IDENTITY_KEY]["partition-id"]) == by_node[nid].partition_id

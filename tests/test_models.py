@@ -572,9 +572,9 @@ def test_paper_init_deterministic_and_different(name):
 @pytest.mark.parametrize("name", ["lenet5", "lenet5-ringsfl", "alexnet17", "alexnet", "vit-small"])
 def test_paper_init_without_batchnorm_is_pytorchs_with_one_line(name, caplog):
     """The RingSFL authors apply their init only to BatchNorm models; elsewhere PyTorch's own, said once."""
-    import fl_app.models as models
+    from fl_app.models import init
 
-    models._NOTED.discard(name)
+    init._NOTED.discard(name)
     with caplog.at_level("WARNING", logger="sflower"):
         a = build_model(name, (1, 28, 28), 10, seed=1, init="ringsfl").state_dict()
         build_model(name, (1, 28, 28), 10, seed=1, init="ringsfl")
@@ -700,7 +700,7 @@ def test_dropout_recompute_uses_the_forward_masks(client_node, monkeypatch):
     (same dropout masks), and the step equals one in-process forward/backward."""
     from fl_app import live
     from fl_app import protocol as P
-    from fl_app.client_app import RNG_SEED
+    from fl_app.client.state import RNG_SEED
 
     # the recomputation as under Ray and in deployment: in-process nodes would otherwise reuse the
     # forward pass's own graph (fl_app.live; test_ringsfl.py::test_live_objects_change_no_number)

@@ -339,7 +339,8 @@ def server_gradient(server, acts, labels):
 
 
 def test_backward_recomputes_stored_batch_and_keeps_momentum(server_identity):
-    from fl_app.client_app import app, slot_key
+    from fl_app.client.state import slot_key
+    from fl_app.client_app import app
 
     OPTIMIZER_KEY = slot_key(P.OWN_SLOT, "optimizer")
     from fl_app.task import load_task
@@ -455,6 +456,7 @@ def test_backward_matches_torch_sgd_exactly(augment, server_identity, monkeypatc
     import dataclasses
 
     from fl_app import client_app as real
+    from fl_app.client import node as client_node
     from fl_app.task import load_task
     from fl_app.training import load_batch, sample_batch
     from simulation.engine import InProcessGrid
@@ -463,8 +465,8 @@ def test_backward_matches_torch_sgd_exactly(augment, server_identity, monkeypatc
     task = load_task(cfg)
     if augment:
         task = dataclasses.replace(task, data=dataclasses.replace(task.data, augment=True))
-        monkeypatch.setattr(real, "load_task", lambda _cfg: task)
-        monkeypatch.setattr(real, "_CONFIGS", [])  # the ClientApp keeps recent tasks: start without them
+        monkeypatch.setattr(client_node, "load_task", lambda _cfg: task)
+        monkeypatch.setattr(client_node, "_CONFIGS", [])  # the ClientApp keeps recent tasks: start without them
     B, cut, pid = 8, 2, 0
     grid = InProcessGrid(real.app, cfg.num_clients, seed=cfg.seed)
     nid = handshake(grid, cfg)[pid]

@@ -79,7 +79,8 @@ def test_client_zo_step_by_hand(server_identity, one_torch_thread):
     """train.zo_forward returns h and the perturbed pairs of the seeded directions;
     train.zo_update regenerates the same u_p on the node and steps by
     -lr·(d/(2μP)) Σ diffs_p u_p, with no backward pass."""
-    from fl_app.client_app import ZO_SEEDS, app, slot_key
+    from fl_app.client.state import ZO_SEEDS, slot_key
+    from fl_app.client_app import app
     from fl_app.training import load_batch
     from simulation.engine import InProcessGrid
     from strategies.dispatcher import Request
