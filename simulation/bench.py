@@ -53,7 +53,7 @@ SMALL_ENGINE_RUN: dict[str, Any] = dict(strategy="gas", dataset="mnist-5k", num_
 
 def _plan(**overrides: Any):
     from fl_app.config import RunConfig
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
 
     return plan_run(RunConfig.from_mapping(overrides))
 

@@ -201,7 +201,7 @@ def time_engine(engine: str, cfg: dict[str, Any], live: bool = True) -> tuple[fl
     """
     from fl_app import live as live_objects
     from fl_app.config import RunConfig
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from simulation.ray_engine import run_ray
 

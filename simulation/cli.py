@@ -43,7 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """
     from pathlib import Path
 
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from simulation.ray_engine import pop_engine_options, run_ray
     from strategies import checkpoint as ckpt
@@ -154,7 +154,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     echo ClientApp instead. See :mod:`simulation.deploy` and
     :mod:`simulation.bench_deploy`.
     """
-    from simulation.deploy import DeployError, deploy, flower_binaries_missing, parse_deploy_args
+    from simulation.deploy.options import parse_deploy_args
+    from simulation.deploy.processes import DeployError, flower_binaries_missing
+    from simulation.deploy.run import deploy
 
     missing = flower_binaries_missing()
     if missing:

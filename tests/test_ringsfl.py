@@ -68,7 +68,7 @@ def test_overlap_counts_fig5():
 ])
 def test_bad_ring_config_is_refused(overrides, match, tmp_path, capsys):
     """Refused before anything runs, in one line, by plan_run and on the command line."""
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.cli import main
 
     values = {"strategy": "ringsfl", "model": "lenet5", "num-clients": 5, "concurrency": 5, **overrides,
@@ -110,9 +110,10 @@ RING_OPT = dict(lr=0.05, momentum=0.0, weight_decay=0.0, clip_norm=0.0)
 def _run_ring(model, **overrides):
     from fl_app.client_app import app
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
-    from simulation.heterogeneity import DeviceTiming, draw_profiles
+    from simulation.timing.devices import draw_profiles
+    from simulation.timing.durations import DeviceTiming
     from strategies.registry import get_strategy
 
     values = dict(strategy="ringsfl", model=model, num_clients=3, concurrency=3, partition="iid", batch_size=8,
@@ -175,9 +176,10 @@ def test_d2d_charging_mechanism():
     duration is the timing's, unchanged; the wall clock's timing charges nothing."""
     from flwr.app import RecordDict
 
-    from simulation.heterogeneity import DeviceProfile, DeviceTiming
+    from simulation.timing.durations import DeviceTiming
+    from simulation.timing.profiles import DeviceProfile
     from strategies.base import SFLStrategy
-    from strategies.clock import ZeroTiming
+    from simulation.timing.durations import ZeroTiming
     from strategies.dispatcher import Request
 
     timing = DeviceTiming([DeviceProfile(0, 1e9, uplink_bps=1e6)], seed=0)
@@ -193,7 +195,7 @@ def test_d2d_charging_mechanism():
 
 def test_lengths_from_compute_speeds(mlp6, server_identity, one_torch_thread):
     """Without ring-lengths, L_i = C_i/ΣC·W from the devices' FLOP/s (GAS model, seed 2)."""
-    from simulation.heterogeneity import draw_profiles
+    from simulation.timing.devices import draw_profiles
     from strategies.ringsfl import propagation_lengths
 
     s, task = _run_ring(mlp6)
@@ -232,7 +234,7 @@ def test_node_failure_mid_round_loses_the_round_not_the_run(mlp6, tmp_path, one_
     """Client 1 fails on its 3rd backward (in the 2nd step of round 1): nothing of the
     round is aggregated, the ring is rebuilt from clients 0 and 2 with new lengths, the
     round is trained again from the global model, and the run completes."""
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
 
     base = dict(strategy="ringsfl", model=mlp6, num_clients=3, concurrency=3, partition="iid", batch_size=8,
@@ -290,9 +292,10 @@ def test_vanilla_sl_batch_order(server_identity, one_torch_thread):
     from fl_app.client_app import app
     from fl_app.task import load_task
     from fl_app.training import load_batch, make_sgd, sample_batch
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
-    from simulation.heterogeneity import DeviceTiming, draw_profiles
+    from simulation.timing.devices import draw_profiles
+    from simulation.timing.durations import DeviceTiming
     from strategies.registry import get_strategy
 
     cfg = make_cfg(strategy="vanilla-sl", sl_order="batch", model="lenet5", cut_layer=3, num_clients=3,
@@ -407,8 +410,8 @@ def test_bench_ring_quick(shared_data, tmp_path):
 def test_v2_under_momentum_warns_in_one_line(version, momentum, warned, caplog):
     """Eq. 7's overlap multiplier is defined for plain SGD: v2 with momentum says so, once, in one line."""
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
-    from strategies.clock import ZeroTiming
+    from simulation.timing.clocks import VirtualClock
+    from simulation.timing.durations import ZeroTiming
     from strategies.registry import get_strategy
 
     cfg = make_cfg(strategy="ringsfl", model="lenet5", num_clients=3, concurrency=3, ring_version=version,
