@@ -132,8 +132,8 @@ def test_eqs_4_to_7_by_hand(version, mlp6, server_identity, one_torch_thread):
     """The paper's Fig. 2 ring: 3 clients, lengths 2:1:3, the 6-layer MLP, one batch per
     client (unequal D_i: 1334/1333/1333, so the a_i differ). The blended models after the
     round (eq. 4; eq. 7 for v2) and their average (eq. 6) equal the one-process oracle
-    (:func:`simulation.bench_ring.ring_oracle`, which ``sflower bench ring`` times)."""
-    from simulation.bench_ring import ring_oracle
+    (:func:`simulation.bench.ring.ring_oracle`, which ``sflower bench ring`` times)."""
+    from simulation.bench.ring import ring_oracle
 
     s, task = _run_ring(mlp6, ring_lengths="2:1:3", ring_version=version)
     paths = [[(0, 0, 2), (1, 2, 3), (2, 3, 6)], [(1, 0, 1), (2, 1, 4), (0, 4, 6)], [(2, 0, 3), (0, 3, 5), (1, 5, 6)]]
@@ -370,7 +370,7 @@ def test_live_objects_change_no_number(strategy, model, tmp_path, monkeypatch):
     piggybacks the next forward on each backward. (Every strategy of
     ``tests/test_engines.py::test_ray_matches_inprocess`` also checks it: Ray keeps nothing.)"""
     from fl_app import live
-    from simulation.bench_ring import time_engine
+    from simulation.bench.ring import time_engine
 
     taken = []
     take = live.LiveCache.take_graph
@@ -397,7 +397,7 @@ def test_bench_ring_quick(shared_data, tmp_path):
     """``sflower bench ring`` on 3 steps: the oracle, summing in the order the engine's nodes did,
     ends with the in-process engine's blended models bit for bit (and their average to 1e-6),
     which the rebuilding variant also ends with; the figures are all there."""
-    from simulation import bench_ring
+    from simulation.bench import ring as bench_ring
 
     out = bench_ring.run(tmp_path, data_dir=shared_data / "mnist", steps=3, repeats=1, ray=False)
     assert out["oracle_equals_inprocess"] and out["blended_bit_identical"] and out["rebuild_bit_identical"]

@@ -49,8 +49,8 @@ import torch
 from flwr.app import ConfigRecord
 from torch import nn
 
-#: MNIST IDX files beside the repository.
-MNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+from simulation.bench.common import MNIST_DIR
+
 #: Steps of the paper's round: 2 local epochs of 12,000 images (MNIST / 5) at B = 64.
 FULL_STEPS = int(2 * 12000 / 64)
 #: Tolerance of the oracle-equals-engine check (the average of eq. 6 is computed another way).
