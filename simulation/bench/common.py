@@ -110,7 +110,6 @@ def run_in_tree(src: Path, args: list[str], what: str) -> dict[str, Any]:
     return json.loads(lines[-1]) if lines else {}
 
 
-
 def current_rss_mb() -> float:
     """Resident memory of this process now (MB, from /proc/self/status)."""
     with open("/proc/self/status") as fh:

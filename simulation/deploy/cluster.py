@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from simulation.deploy.keys import make_certificates, make_node_key
-from simulation.deploy.processes import Proc, Processes, flower_exe, is_flower_process, run_logged, send_signal, wait_for
+from simulation.deploy.processes import (Proc, Processes, flower_exe, is_flower_process, run_logged, send_signal,
+                                         wait_for)
 
 log = logging.getLogger("sflower.deploy")
 
@@ -48,7 +49,6 @@ def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
 
 
 @dataclass

@@ -29,9 +29,8 @@ class DeployError(RuntimeError):
     """The deployment failed (a process died, the run failed or timed out); one line."""
 
 
-
 def run_logged(command: str, log_file: Path, what: str, env: Mapping[str, str] | None = None,
-                timeout: float = 120.0) -> str:
+               timeout: float = 120.0) -> str:
     """Run a shell command, append its output to ``log_file``; return its stdout.
 
     Raises:
@@ -217,7 +216,6 @@ def terminate_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
-
 
 
 def find_exe(name: str) -> str | None:

@@ -19,6 +19,7 @@ from simulation.deploy.cluster import Deployment
 from simulation.deploy.options import DeployOptions, fresh_run_dir
 from simulation.deploy.processes import DeployError, terminate_on_sigterm, wait_for
 
+
 def run_config_for(cfg: RunConfig, given: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
     """The ``--run-config`` table: the keys given (typed as in ``cfg``), plus ``output-dir``."""
     values = cfg.as_dict()
