@@ -43,7 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """
     from pathlib import Path
 
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from simulation.ray_engine import pop_engine_options, run_ray
     from strategies import checkpoint as ckpt
@@ -152,16 +152,18 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     ``sflower deploy bench [options]`` measures the split exchange against an
     echo ClientApp instead. See :mod:`simulation.deploy` and
-    :mod:`simulation.bench_deploy`.
+    :mod:`simulation.bench.deploy`.
     """
-    from simulation.deploy import DeployError, deploy, flower_binaries_missing, parse_deploy_args
+    from simulation.deploy.options import parse_deploy_args
+    from simulation.deploy.processes import DeployError, flower_binaries_missing
+    from simulation.deploy.run import deploy
 
     missing = flower_binaries_missing()
     if missing:
         raise ConfigError(f"deploy needs Flower's {', '.join(missing)} (pip install 'flwr[simulation]>=1.41.0,<1.42')")
     words = list(args.pairs)
     if words[:1] == ["bench"]:
-        from simulation.bench_deploy import run_bench
+        from simulation.bench.deploy import run_bench
 
         try:
             run_bench(parse_key_values(words[1:]))
@@ -232,7 +234,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """``sflower bench``: the benchmarks (or those named), figures and ratios."""
-    from simulation.bench import BENCHMARKS, DEFAULT_BENCHMARKS, run_benchmarks
+    from simulation.bench.runner import BENCHMARKS, DEFAULT_BENCHMARKS, run_benchmarks
 
     names = args.only or list(DEFAULT_BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]

@@ -27,7 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from fl_app.server_app import RunPlan, run_server
+from simulation.server_app import RunPlan, run_server
 
 ENGINES = ("inprocess", "ray")
 #: Node id of the ServerApp side of an in-process run (Flower's SuperLink uses 0 too).

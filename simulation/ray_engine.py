@@ -27,7 +27,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fl_app.errors import ConfigError
-from fl_app.server_app import RunPlan
+from simulation.server_app import RunPlan
 from simulation.engine import make_server_app
 
 #: ``sflower run`` keys of the Ray engine (``engine=ray`` only), see :func:`pop_engine_options`.

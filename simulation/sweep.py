@@ -135,7 +135,7 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
     Returns:
         the results table (also written to ``out_dir/results.csv``).
     """
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from simulation.ray_engine import run_ray
     from strategies.base import DivergedError, RunFailedError

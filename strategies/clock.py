@@ -1,21 +1,20 @@
-"""The time interfaces strategies depend on, and the deployment clock.
+"""The time interfaces strategies depend on: :class:`Clock` and :class:`Timing`.
 
 Strategies never import ``simulation``: they see a :class:`Clock` (what
 time it is, and whether replies must be handled in due-time order) and a
-:class:`Timing` (how long a piece of client work takes). The simulation
-supplies a virtual clock and device-profile timing
-(``simulation.clock.VirtualClock``, ``simulation.heterogeneity.DeviceTiming``);
-deployment supplies the :class:`WallClock`, where replies are handled in
-arrival order, with :class:`ZeroTiming`.
+:class:`Timing` (how long a piece of client work takes). The implementations
+live in :mod:`simulation.timing`: the simulation supplies a virtual clock and
+device-profile timing (``VirtualClock``, ``DeviceTiming``); deployment
+supplies the ``WallClock``, where replies are handled in arrival order, with
+``ZeroTiming``.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from abc import ABC, abstractmethod
 
-__all__ = ["Clock", "Timing", "WallClock", "ZeroTiming"]
+__all__ = ["Clock", "Timing"]
 
 
 class Clock(ABC):
@@ -66,35 +65,3 @@ class Timing(ABC):
             raise ValueError(f"link rate must be positive (bits/s), got {rate_bps!r}")
         return 0.0 if bits == 0 or math.isinf(rate_bps) else bits / rate_bps
 
-
-class WallClock(Clock):
-    """Real elapsed seconds since construction; replies in arrival order."""
-
-    ordered = False
-
-    def __init__(self) -> None:
-        self._t0 = time.monotonic()
-
-    def now(self) -> float:
-        """Seconds since the clock was created (``time.monotonic``)."""
-        return time.monotonic() - self._t0
-
-    def advance_to(self, t: float) -> None:
-        """No-op: wall time moves by itself."""
-
-    def resume_at(self, t: float) -> None:
-        """Count on from ``t`` seconds (the time of the checkpoint a run resumes from)."""
-        self._t0 = time.monotonic() - t
-
-
-class ZeroTiming(Timing):
-    """Every piece of work takes 0 s: for the wall clock, where time is real."""
-
-    def duration(self, partition_id: int, flops: float, bits_up: float = 0.0,
-                 bits_down: float = 0.0, draw: int | None = 0) -> float:
-        """Always 0.0 seconds, whatever the work or ``draw``."""
-        return 0.0
-
-    def link_duration(self, bits: float, rate_bps: float) -> float:
-        """Always 0.0 seconds: with the wall clock, transfers take their real time."""
-        return 0.0

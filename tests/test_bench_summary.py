@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from simulation.bench_summary import table
+from simulation.bench.summary import table
 
 
 def test_table_gives_old_new_and_ratio_and_skips_rows_neither_side_has():

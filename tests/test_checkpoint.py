@@ -24,7 +24,7 @@ import pytest
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
 from fl_app.outputs import RunRecorder
-from fl_app.server_app import plan_run
+from simulation.server_app import plan_run
 from simulation import cli
 from simulation.engine import run_inprocess
 from strategies import checkpoint as ckpt

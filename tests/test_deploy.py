@@ -17,7 +17,8 @@ import pytest
 
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
-from simulation.deploy import flower_binaries_missing, parse_deploy_args
+from simulation.deploy.options import parse_deploy_args
+from simulation.deploy.processes import flower_binaries_missing
 from tests.conftest import read_metrics
 
 MISSING = flower_binaries_missing() + [t for t in ("openssl", "ssh-keygen") if shutil.which(t) is None]
@@ -28,7 +29,7 @@ TINY = {"global-iterations": "1", "local-iterations": "1", "concurrency": "3", "
 
 
 def _deploy(tmp_path: Path, **pairs: str) -> tuple[dict, Path]:
-    from simulation.deploy import deploy
+    from simulation.deploy.run import deploy
 
     options = parse_deploy_args({**TINY, **pairs, "run-dir": str(tmp_path / "run")})
     summary = deploy(options, quiet=True)
@@ -118,7 +119,7 @@ def _run_with_dead_node(clock: str, monkeypatch: pytest.MonkeyPatch, tmp_path: P
     from flwr.app import Error, Message
 
     from fl_app.client_app import app
-    from fl_app.server_app import plan_run, run_server
+    from simulation.server_app import plan_run, run_server
     from simulation.engine import InProcessGrid, _task_identity
     from strategies.base import SFLStrategy
 

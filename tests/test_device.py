@@ -109,9 +109,9 @@ def _connect(cfg, node_configs):
     """The strategy of ``cfg`` after the handshake with in-process nodes of ``node_configs``."""
     from fl_app.client_app import app
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
-    from strategies.clock import ZeroTiming
+    from simulation.timing.durations import ZeroTiming
     from strategies.registry import get_strategy
 
     grid = InProcessGrid(app, len(node_configs), seed=cfg.seed, node_configs=node_configs)
@@ -157,7 +157,7 @@ def test_device_run_equals_the_simulation(parts, tmp_path):
     """Nodes given partition K's files and partition-id=K train exactly like simulated client K:
     the same metrics, to the bit; the server evaluates on its own test set."""
     from fl_app.data import load_device_dataset
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
 
     for strategy in ("splitfed-v1", "fedavg"):
@@ -177,7 +177,7 @@ def test_device_run_equals_the_simulation(parts, tmp_path):
 
 def test_device_nodes_without_ids_train(parts, tmp_path):
     """Nodes with only data-dir (ids assigned by the server) train GAS to the end."""
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
 
     cfg = _run_cfg(tmp_path, "gas", strategy="gas", concurrency=2)

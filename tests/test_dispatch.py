@@ -41,7 +41,7 @@ def reverse_one_per_pull(unreleased, pulls):
 def strategy(server_identity):
     """An SFLStrategy on a scripted grid of 4 nodes; ``strategy(release)``."""
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from strategies.base import ClientInfo, SFLStrategy
     from strategies.dispatcher import Dispatcher
 
@@ -144,8 +144,9 @@ def test_expected_duration_is_the_mean_and_draws_nothing(server_identity):
     """With exponential stragglers a request's expected duration is its nominal compute
     time (the mean of Exp(1) is 1), and asking does not consume a straggler draw."""
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
-    from simulation.heterogeneity import DEFAULT_FLOPS_PER_S, DeviceTiming, draw_profiles
+    from simulation.timing.clocks import VirtualClock
+    from simulation.timing.devices import DEFAULT_FLOPS_PER_S, draw_profiles
+    from simulation.timing.durations import DeviceTiming
     from strategies.base import ClientInfo, SFLStrategy
     from strategies.dispatcher import Dispatcher
 
@@ -163,7 +164,7 @@ def test_expected_duration_is_the_mean_and_draws_nothing(server_identity):
 
 
 def test_sync_strategy_measures_server_compute(tmp_path):
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
 
     cfg = make_cfg(strategy="minibatch-sfl", num_clients=2, concurrency=2, local_iterations=3,

@@ -103,7 +103,7 @@ def test_same_config_same_metrics(tmp_path):
 
 @pytest.mark.parametrize("strategy", ["splitfed-v1", "gas", "psl", "gapsl", "mu-splitfed", "ringsfl"])
 def test_ray_matches_inprocess(tmp_path, strategy):
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from simulation.ray_engine import run_ray
 
@@ -158,7 +158,7 @@ def test_a_preloaded_task_is_what_the_handshake_record_looks_up(tmp_path, monkey
     from flwr.app import ConfigRecord
 
     from fl_app.config import RunConfig
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from fl_app import task as task_module
     from fl_app.task import load_task, preload_task
 

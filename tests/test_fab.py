@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from simulation.deploy import APP_DIR, OFFLINE_ENV, Deployment, flower_binaries_missing
+from simulation.deploy.cluster import APP_DIR, OFFLINE_ENV, Deployment
+from simulation.deploy.processes import flower_binaries_missing
 
 pytestmark = pytest.mark.skipif(bool(flower_binaries_missing()), reason="Flower's binaries are not installed")
 
@@ -38,7 +39,7 @@ def test_fab_has_format_1_fields_license_and_code(tmp_path):
     fab = build_fab(tmp_path)
     with zipfile.ZipFile(fab) as z:
         names = set(z.namelist())
-        assert {"LICENSE", "pyproject.toml", "README.md", "fl_app/server_app.py", "fl_app/client_app.py"} <= names
+        assert {"LICENSE", "pyproject.toml", "README.md", "simulation/server_app.py", "fl_app/client_app.py"} <= names
         assert "Apache License" in z.read("LICENSE").decode()
         project = tomllib.loads(z.read("pyproject.toml").decode())
     app = project["tool"]["flwr"]["app"]

@@ -189,7 +189,7 @@ def test_ca2fl_strategy_keeps_its_cache():
 
 def test_fedbuff_flushes_after_exactly_k_uploads(tmp_path, monkeypatch):
     """K = fl-buffer = 3 with C = 2 concurrent clients: every flush sees 3 updates."""
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from strategies.fl import FedBuff
 
@@ -230,7 +230,7 @@ def test_fedbuff_flushes_after_exactly_k_uploads(tmp_path, monkeypatch):
 def test_fedavg_learns_on_mnist(tmp_path):
     """Two rounds of 15 local iterations reach ~0.8 (measured 0.77-0.82 over seeds 0-2);
     an untrained model is at ~0.1."""
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
 
     out = tmp_path / "fedavg"

@@ -131,8 +131,8 @@ def test_gapsl_runs_and_learns(mode, tmp_path):
 
 def _gapsl(**overrides):
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
-    from strategies.clock import ZeroTiming
+    from simulation.timing.clocks import VirtualClock
+    from simulation.timing.durations import ZeroTiming
     from strategies.gapsl import GAPSL
     from tests.conftest import make_cfg
 

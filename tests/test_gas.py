@@ -164,9 +164,9 @@ def make_gas(**overrides):
     stubbed transport: returns ``(strategy, sent)`` with ``sent`` the list of
     ``(pid, Request)`` it tried to send."""
     from fl_app.config import RunConfig
-    from fl_app.server_app import plan_run
-    from simulation.clock import VirtualClock
-    from strategies.clock import ZeroTiming
+    from simulation.server_app import plan_run
+    from simulation.timing.clocks import VirtualClock
+    from simulation.timing.durations import ZeroTiming
     from strategies.base import ClientInfo
 
     values = {"strategy": "gas", "dataset": "mnist-5k", "model": "alexnet", "cut-layer": 2,
@@ -418,7 +418,7 @@ RUN = {"strategy": "gas", "dataset": "mnist-5k", "model": "alexnet", "cut-layer"
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     from fl_app.config import RunConfig
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
 
     out = []

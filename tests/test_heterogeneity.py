@@ -1,4 +1,4 @@
-"""Tests for simulation.heterogeneity (GAS wireless model, MU-SplitFed stragglers)."""
+"""Tests for simulation.timing: the device models (GAS wireless cell, MU-SplitFed stragglers), profiles and timing."""
 
 import json
 import math
@@ -6,24 +6,22 @@ import math
 import numpy as np
 import pytest
 
-import simulation.heterogeneity as het
+import simulation.timing.devices as het
 from fl_app.errors import ConfigError
-from simulation.heterogeneity import (
+from simulation.timing.channels import channel_rate_bps, path_loss_db
+from simulation.timing.devices import (
     HETEROGENEITY,
     DeviceModel,
-    DeviceProfile,
-    DeviceTiming,
     ExponentialModel,
     GasModel,
     HomogeneousModel,
-    channel_rate_bps,
     device_model_names,
     draw_profiles,
     get_device_model,
-    path_loss_db,
-    profiles_frame,
     register_device_model,
 )
+from simulation.timing.durations import DeviceTiming
+from simulation.timing.profiles import DeviceProfile, profiles_frame
 
 # ---------------------------------------------------------------- channel
 
@@ -255,7 +253,7 @@ def test_expected_duration_draw_none():
     free = DeviceTiming(draw_profiles("gas", 2, seed=4), seed=4)
     assert free.duration(1, 3e9, 1e6, draw=None) == free.duration(1, 3e9, 1e6, draw=7)
     # ZeroTiming accepts draw=None too
-    from strategies.clock import ZeroTiming
+    from simulation.timing.durations import ZeroTiming
 
     assert ZeroTiming().duration(0, 1e9, draw=None) == 0.0
     with pytest.raises(ValueError):
@@ -304,7 +302,7 @@ def test_ringsfl_testbed_profiles_and_their_lengths():
     """RingSFL's prototype: 2 PCs (2e10 FLOP/s) then Pis (2.5e9), 135 Mbit/s. On LeNet-5's 12 blocks
     the lengths 12·C_i/ΣC = 5.05, 5.05, 0.63, 0.63, 0.63 round (largest remainder) to 5, 5, 1, 1, 0;
     the last is raised to 1 with a block from the first of the longest: 4, 5, 1, 1, 1."""
-    from simulation.heterogeneity import draw_profiles
+    from simulation.timing.devices import draw_profiles
     from strategies.ringsfl import propagation_lengths
 
     profiles = draw_profiles("ringsfl-testbed", 5, seed=3)

@@ -52,9 +52,9 @@ def test_async_and_fl_honour_local_epochs(tmp_path):
     assert len(rounds) == 5 and set(rounds) <= set(steps) and len(set(rounds)) > 1, (list(rounds), steps)
 
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from strategies.base import ClientInfo
-    from strategies.clock import ZeroTiming
+    from simulation.timing.durations import ZeroTiming
     from strategies.fl import FedAvg
     from tests.conftest import make_cfg
     from fl_app import protocol as P

@@ -635,10 +635,10 @@ def client_node(server_identity, one_torch_thread):
     """``node(model, cut) -> (strategy, grid, task)``: 2 in-process nodes, batch 4, mnist-5k."""
     from fl_app.client_app import app
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
     from strategies.base import SFLStrategy
-    from strategies.clock import ZeroTiming
+    from simulation.timing.durations import ZeroTiming
     from tests.conftest import make_cfg
 
     def build(model, cut):

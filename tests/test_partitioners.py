@@ -165,7 +165,7 @@ def test_sflower_partition_writes_the_new_schemes_and_partition_png(tmp_path, ca
 def test_device_local_nodes_of_a_new_scheme_train_like_the_simulation(tmp_path):
     """``sflower partition`` of an inner-dirichlet split, one node per directory: the metrics equal the
     simulation's bit for bit (the node trains on its own files, the scheme's keys travel in partition.json)."""
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from tests.conftest import make_cfg, read_metrics
 

@@ -45,9 +45,10 @@ class RefClient:
 def _run(strategy, **overrides):
     from fl_app.client_app import app
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
-    from simulation.heterogeneity import DeviceTiming, draw_profiles
+    from simulation.timing.devices import draw_profiles
+    from simulation.timing.durations import DeviceTiming
     from strategies.registry import get_strategy
 
     cfg = make_cfg(strategy=strategy, partition="dirichlet", alpha=1.0, batch_size=8, global_iterations=1,

@@ -36,7 +36,7 @@ def two_node_cluster():
 
 
 def test_run_on_a_two_node_cluster(two_node_cluster, tmp_path):
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from simulation.ray_engine import run_ray
 

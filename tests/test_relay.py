@@ -22,10 +22,10 @@ LR = 1.0  # plain SGD at lr 1: a step moves the weights by exactly -grad
 @pytest.fixture
 def relay_setup(server_identity, one_torch_thread):
     from fl_app.client_app import app
-    from fl_app.server_app import plan_run
-    from simulation.clock import VirtualClock
+    from simulation.server_app import plan_run
+    from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
-    from simulation.heterogeneity import DeviceTiming
+    from simulation.timing.durations import DeviceTiming
     from strategies.base import SFLStrategy
 
     cfg = make_cfg(num_clients=3, concurrency=3, heterogeneity="gas", partition="iid", batch_size=8, seed=4)

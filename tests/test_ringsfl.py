@@ -68,7 +68,7 @@ def test_overlap_counts_fig5():
 ])
 def test_bad_ring_config_is_refused(overrides, match, tmp_path, capsys):
     """Refused before anything runs, in one line, by plan_run and on the command line."""
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.cli import main
 
     values = {"strategy": "ringsfl", "model": "lenet5", "num-clients": 5, "concurrency": 5, **overrides,
@@ -110,9 +110,10 @@ RING_OPT = dict(lr=0.05, momentum=0.0, weight_decay=0.0, clip_norm=0.0)
 def _run_ring(model, **overrides):
     from fl_app.client_app import app
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
-    from simulation.heterogeneity import DeviceTiming, draw_profiles
+    from simulation.timing.devices import draw_profiles
+    from simulation.timing.durations import DeviceTiming
     from strategies.registry import get_strategy
 
     values = dict(strategy="ringsfl", model=model, num_clients=3, concurrency=3, partition="iid", batch_size=8,
@@ -131,8 +132,8 @@ def test_eqs_4_to_7_by_hand(version, mlp6, server_identity, one_torch_thread):
     """The paper's Fig. 2 ring: 3 clients, lengths 2:1:3, the 6-layer MLP, one batch per
     client (unequal D_i: 1334/1333/1333, so the a_i differ). The blended models after the
     round (eq. 4; eq. 7 for v2) and their average (eq. 6) equal the one-process oracle
-    (:func:`simulation.bench_ring.ring_oracle`, which ``sflower bench ring`` times)."""
-    from simulation.bench_ring import ring_oracle
+    (:func:`simulation.bench.ring.ring_oracle`, which ``sflower bench ring`` times)."""
+    from simulation.bench.ring import ring_oracle
 
     s, task = _run_ring(mlp6, ring_lengths="2:1:3", ring_version=version)
     paths = [[(0, 0, 2), (1, 2, 3), (2, 3, 6)], [(1, 0, 1), (2, 1, 4), (0, 4, 6)], [(2, 0, 3), (0, 3, 5), (1, 5, 6)]]
@@ -175,9 +176,10 @@ def test_d2d_charging_mechanism():
     duration is the timing's, unchanged; the wall clock's timing charges nothing."""
     from flwr.app import RecordDict
 
-    from simulation.heterogeneity import DeviceProfile, DeviceTiming
+    from simulation.timing.durations import DeviceTiming
+    from simulation.timing.profiles import DeviceProfile
     from strategies.base import SFLStrategy
-    from strategies.clock import ZeroTiming
+    from simulation.timing.durations import ZeroTiming
     from strategies.dispatcher import Request
 
     timing = DeviceTiming([DeviceProfile(0, 1e9, uplink_bps=1e6)], seed=0)
@@ -193,7 +195,7 @@ def test_d2d_charging_mechanism():
 
 def test_lengths_from_compute_speeds(mlp6, server_identity, one_torch_thread):
     """Without ring-lengths, L_i = C_i/ΣC·W from the devices' FLOP/s (GAS model, seed 2)."""
-    from simulation.heterogeneity import draw_profiles
+    from simulation.timing.devices import draw_profiles
     from strategies.ringsfl import propagation_lengths
 
     s, task = _run_ring(mlp6)
@@ -232,7 +234,7 @@ def test_node_failure_mid_round_loses_the_round_not_the_run(mlp6, tmp_path, one_
     """Client 1 fails on its 3rd backward (in the 2nd step of round 1): nothing of the
     round is aggregated, the ring is rebuilt from clients 0 and 2 with new lengths, the
     round is trained again from the global model, and the run completes."""
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
 
     base = dict(strategy="ringsfl", model=mlp6, num_clients=3, concurrency=3, partition="iid", batch_size=8,
@@ -290,9 +292,10 @@ def test_vanilla_sl_batch_order(server_identity, one_torch_thread):
     from fl_app.client_app import app
     from fl_app.task import load_task
     from fl_app.training import load_batch, make_sgd, sample_batch
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
-    from simulation.heterogeneity import DeviceTiming, draw_profiles
+    from simulation.timing.devices import draw_profiles
+    from simulation.timing.durations import DeviceTiming
     from strategies.registry import get_strategy
 
     cfg = make_cfg(strategy="vanilla-sl", sl_order="batch", model="lenet5", cut_layer=3, num_clients=3,
@@ -367,7 +370,7 @@ def test_live_objects_change_no_number(strategy, model, tmp_path, monkeypatch):
     piggybacks the next forward on each backward. (Every strategy of
     ``tests/test_engines.py::test_ray_matches_inprocess`` also checks it: Ray keeps nothing.)"""
     from fl_app import live
-    from simulation.bench_ring import time_engine
+    from simulation.bench.ring import time_engine
 
     taken = []
     take = live.LiveCache.take_graph
@@ -394,7 +397,7 @@ def test_bench_ring_quick(shared_data, tmp_path):
     """``sflower bench ring`` on 3 steps: the oracle, summing in the order the engine's nodes did,
     ends with the in-process engine's blended models bit for bit (and their average to 1e-6),
     which the rebuilding variant also ends with; the figures are all there."""
-    from simulation import bench_ring
+    from simulation.bench import ring as bench_ring
 
     out = bench_ring.run(tmp_path, data_dir=shared_data / "mnist", steps=3, repeats=1, ray=False)
     assert out["oracle_equals_inprocess"] and out["blended_bit_identical"] and out["rebuild_bit_identical"]
@@ -407,8 +410,8 @@ def test_bench_ring_quick(shared_data, tmp_path):
 def test_v2_under_momentum_warns_in_one_line(version, momentum, warned, caplog):
     """Eq. 7's overlap multiplier is defined for plain SGD: v2 with momentum says so, once, in one line."""
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
-    from strategies.clock import ZeroTiming
+    from simulation.timing.clocks import VirtualClock
+    from simulation.timing.durations import ZeroTiming
     from strategies.registry import get_strategy
 
     cfg = make_cfg(strategy="ringsfl", model="lenet5", num_clients=3, concurrency=3, ring_version=version,

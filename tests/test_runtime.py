@@ -171,7 +171,7 @@ def node_of(n):
 
 
 def test_dispatcher_virtual_order_reverse_arrival(server_identity):
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from strategies.dispatcher import Dispatcher
 
     grid = ScriptedGrid(release_reverse_one_per_pull)
@@ -206,7 +206,7 @@ def test_dispatcher_virtual_order_reverse_arrival(server_identity):
 @pytest.mark.parametrize("seed", range(6))
 def test_dispatcher_virtual_order_random(seed, server_identity):
     """Random durations (with ties) and random real arrival delays: due-time order, ties by send order."""
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from strategies.dispatcher import Dispatcher
 
     rng = np.random.default_rng(seed)
@@ -237,7 +237,7 @@ def test_dispatcher_virtual_order_random(seed, server_identity):
 
 
 def test_dispatcher_one_message_in_flight_per_partition(server_identity):
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from strategies.dispatcher import Dispatcher
 
     grid = ScriptedGrid(lambda unreleased, pulls: unreleased)
@@ -253,7 +253,7 @@ def test_dispatcher_one_message_in_flight_per_partition(server_identity):
 
 
 def test_dispatcher_wall_clock_arrival_order(server_identity):
-    from strategies.clock import WallClock
+    from simulation.timing.clocks import WallClock
     from strategies.dispatcher import Dispatcher
 
     grid = ScriptedGrid(release_reverse_one_per_pull)
@@ -272,7 +272,7 @@ def test_dispatcher_wall_clock_arrival_order(server_identity):
 
 
 def test_dispatcher_timeout_reports_none(server_identity):
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from strategies.dispatcher import Dispatcher
 
     grid = ScriptedGrid(lambda unreleased, pulls: unreleased, silent={node_of(2)[0]})
@@ -508,8 +508,8 @@ def _fake_clients(sizes):
 
 def test_minibatch_sfl_batch_sizes_by_hand():
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
-    from strategies.clock import ZeroTiming
+    from simulation.timing.clocks import VirtualClock
+    from simulation.timing.durations import ZeroTiming
     from strategies.splitfed import MiniBatchSFL
 
     cfg = make_cfg(strategy="minibatch-sfl", num_clients=4, concurrency=4, batch_size=32)
@@ -605,8 +605,8 @@ def _hand_round(task, cfg, strategy):
 def test_one_round_equals_hand_computation(strategy, server_identity):
     from fl_app.client_app import app
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
-    from strategies.clock import ZeroTiming
+    from simulation.timing.clocks import VirtualClock
+    from simulation.timing.durations import ZeroTiming
     from simulation.engine import InProcessGrid
     from strategies.registry import get_strategy
 
@@ -660,7 +660,8 @@ def test_virtual_time_and_bytes_by_hand(small_run):
     """
     from fl_app.models import profile_blocks
     from fl_app.task import load_task
-    from simulation.heterogeneity import DeviceTiming, draw_profiles
+    from simulation.timing.devices import draw_profiles
+    from simulation.timing.durations import DeviceTiming
 
     cfg = RunConfig.from_mapping(SMALL_RUN)
     task = load_task(cfg)
@@ -745,7 +746,7 @@ def test_outputs_written(small_run):
 
 def test_failing_client_is_excluded(tmp_path, caplog):
     """An injected error reply: the client is excluded with a one-line reason, the run finishes."""
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
 
     cfg = make_cfg(num_clients=3, concurrency=3, global_iterations=2, local_iterations=3, output_dir=str(tmp_path / "out"))
@@ -804,7 +805,7 @@ DROP = object()
 
 def _run_faulty(cfg, faults):
     """Run ``cfg`` on a :class:`FaultyGrid`; returns ``(summary or the exception, grid)``."""
-    from fl_app.server_app import plan_run, run_server
+    from simulation.server_app import plan_run, run_server
     from simulation.engine import _task_identity
 
     grid = FaultyGrid(cfg.num_clients, cfg.seed, faults)
@@ -1145,7 +1146,7 @@ def test_initial_evaluation_runs_while_the_handshake_replies_are_on_their_way(mo
     its pull (its first metric row is that evaluation). Per-client models (psl) are evaluated
     after the handshake, which tells the server which clients there are."""
     from fl_app.client_app import app
-    from fl_app.server_app import plan_run, run_server
+    from simulation.server_app import plan_run, run_server
     from simulation.engine import InProcessGrid, _task_identity
     from strategies.base import SFLStrategy
 

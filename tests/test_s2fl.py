@@ -37,8 +37,8 @@ def test_closest_to_median_by_hand():
 
 def _s2fl(**overrides):
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
-    from strategies.clock import ZeroTiming
+    from simulation.timing.clocks import VirtualClock
+    from simulation.timing.durations import ZeroTiming
     from strategies.s2fl import S2FL
 
     cfg = make_cfg(strategy="s2fl", **overrides)
@@ -89,9 +89,10 @@ def test_grouped_server_step_equals_reference():
 def _run(strategy, **overrides):
     from fl_app.client_app import app
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
+    from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
-    from simulation.heterogeneity import DeviceTiming, draw_profiles
+    from simulation.timing.devices import draw_profiles
+    from simulation.timing.durations import DeviceTiming
     from strategies.registry import get_strategy
 
     cfg = make_cfg(strategy=strategy, num_clients=4, concurrency=4, global_iterations=2, local_iterations=2,
@@ -129,8 +130,9 @@ def test_adaptive_cut_picks_the_time_closest_to_the_median():
     """Each client's charged cut is the candidate whose expected iteration time is closest to the
     median over all clients and candidates (here computed from the device profiles directly)."""
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
-    from simulation.heterogeneity import DeviceTiming, draw_profiles
+    from simulation.timing.clocks import VirtualClock
+    from simulation.timing.devices import draw_profiles
+    from simulation.timing.durations import DeviceTiming
     from strategies.s2fl import S2FL
 
     cfg = make_cfg(strategy="s2fl", num_clients=8, concurrency=8, batch_size=8, heterogeneity="gas", s2fl_cuts="1:2")

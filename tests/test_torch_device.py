@@ -7,7 +7,7 @@ import torch
 
 from fl_app.config import ConfigError, RunConfig
 from fl_app.device import check_device_name, model_device, resolve_device, to_device
-from fl_app.server_app import plan_run
+from simulation.server_app import plan_run
 from simulation.engine import run_inprocess
 from strategies.base import RunFailedError
 from tests.conftest import make_cfg

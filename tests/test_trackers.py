@@ -147,7 +147,7 @@ def test_tracker_packages_are_imported_only_when_asked_for():
     """Planning a run checks that the packages exist without importing them; tracker=none imports none."""
     code = ("import sys\n"
             "from fl_app.config import RunConfig\n"
-            "from fl_app.server_app import plan_run\n"
+            "from simulation.server_app import plan_run\n"
             "from simulation.trackers import check_trackers\n"
             "from simulation.cli import main\n"
             "check_trackers('tensorboard,mlflow,wandb')\n"

@@ -85,8 +85,8 @@ def test_client_zo_step_by_hand(server_identity, one_torch_thread):
     from simulation.engine import InProcessGrid
     from strategies.dispatcher import Request
     from strategies.base import SFLStrategy
-    from simulation.clock import VirtualClock
-    from strategies.clock import ZeroTiming
+    from simulation.timing.clocks import VirtualClock
+    from simulation.timing.durations import ZeroTiming
     from fl_app.task import load_task
 
     cfg = make_cfg(model="lenet5", cut_layer=3, num_clients=2, concurrency=2)
@@ -230,8 +230,8 @@ def test_zo_splitfed_is_mu_splitfed_at_tau_one(tmp_path):
 def test_zo_clients_clip_at_zo_clip_not_clip_norm():
     """clip-norm clips first-order steps; a ZO client's estimate is clipped at zo-clip (0: none)."""
     from fl_app.task import load_task
-    from simulation.clock import VirtualClock
-    from strategies.clock import ZeroTiming
+    from simulation.timing.clocks import VirtualClock
+    from simulation.timing.durations import ZeroTiming
     from strategies.split import ZOFeedback
     from strategies.registry import get_strategy
 
@@ -252,8 +252,8 @@ def test_zo_gas_server_step_is_zeroth_order():
 
     from fl_app.task import load_task
     from fl_app.zo import STREAM_ZO_SERVER, zo_server_step
-    from simulation.clock import VirtualClock
-    from strategies.clock import ZeroTiming
+    from simulation.timing.clocks import VirtualClock
+    from simulation.timing.durations import ZeroTiming
     from strategies.gas import GAS
 
     cfg = make_cfg(strategy="gas", model="lenet5", cut_layer=3, client_optimizer="zo", server_optimizer="zo",

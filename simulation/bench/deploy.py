@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from fl_app.errors import ConfigError
-from simulation.deploy import (Deployment, DeployError, _coerce_opt, _wait_for, deploy, fresh_run_dir,
-                               parse_deploy_args)
+from simulation.deploy.cluster import Deployment
+from simulation.deploy.options import coerce_opt, fresh_run_dir, parse_deploy_args
+from simulation.deploy.processes import DeployError, wait_for
+from simulation.deploy.run import deploy
 
 BENCH_DEFAULTS: dict[str, Any] = {"fast": "both", "exchanges": 10, "tls": "true", "auth": "true", "run-dir": "",
                                   "batch-size": 32}
@@ -128,8 +130,8 @@ def echo_exchange(run_dir: Path, *, exchanges: int, floats: int, tls: bool, auth
         spec = dep.add_node(0, run_dir)
         dep.start_node(spec, 1)
         runner = dep.run_app({"rounds": exchanges, "floats": floats, "out": str(out)}, app_dir=app)
-        _wait_for(lambda: out.exists() or not runner.alive(), timeout, "the echo run", alive=[dep.superlink])
-        _wait_for(out.exists, 10.0, f"echo.json (see {runner.log_path})")
+        wait_for(lambda: out.exists() or not runner.alive(), timeout, "the echo run", alive=[dep.superlink])
+        wait_for(out.exists, 10.0, f"echo.json (see {runner.log_path})")
     return [float(s) for s in json.loads(out.read_text())["seconds"]]
 
 
@@ -138,7 +140,7 @@ def split_exchange(run_dir: Path, *, exchanges: int, batch_size: int, tls: bool,
     """Mean wall seconds per split exchange (splitfed-v1, one SuperNode); returns (seconds, exchanges, summary).
 
     Raises:
-        ConfigError: bad options; DeployError: the deployment failed (see :func:`simulation.deploy.deploy`).
+        ConfigError: bad options; DeployError: the deployment failed (see :func:`simulation.deploy.run.deploy`).
     """
     local = max(1, exchanges // 2)  # a local iteration is a forward and a backward exchange
     options = parse_deploy_args({
@@ -175,7 +177,7 @@ def run_bench(pairs: Mapping[str, str]) -> dict[str, Any]:
         raise ConfigError("exchanges and batch-size must be integers") from None
     if exchanges < 2 or batch < 1:
         raise ConfigError("exchanges must be >= 2 and batch-size >= 1")
-    tls, auth = _coerce_opt("tls", opts["tls"]), _coerce_opt("auth", opts["auth"])
+    tls, auth = coerce_opt("tls", opts["tls"]), coerce_opt("auth", opts["auth"])
     root = fresh_run_dir(opts["run-dir"], f"runs/deploy-bench-{time.strftime('%Y%m%d-%H%M%S')}")
     floats = batch * 64 * 7 * 7  # AlexNet (MNIST) activation at the default cut
     results: dict[str, Any] = {"exchanges": exchanges, "batch_size": batch, "payload_bytes": floats * 4,

@@ -49,8 +49,8 @@ import torch
 from flwr.app import ConfigRecord
 from torch import nn
 
-#: MNIST IDX files beside the repository.
-MNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+from simulation.bench.common import MNIST_DIR
+
 #: Steps of the paper's round: 2 local epochs of 12,000 images (MNIST / 5) at B = 64.
 FULL_STEPS = int(2 * 12000 / 64)
 #: Tolerance of the oracle-equals-engine check (the average of eq. 6 is computed another way).
@@ -201,7 +201,7 @@ def time_engine(engine: str, cfg: dict[str, Any], live: bool = True) -> tuple[fl
     """
     from fl_app import live as live_objects
     from fl_app.config import RunConfig
-    from fl_app.server_app import plan_run
+    from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from simulation.ray_engine import run_ray
 

@@ -1,9 +1,11 @@
 """The ServerApp: wires configuration, task, clock, strategy and outputs together.
 
-This module is the one place where ``fl_app`` meets ``strategies`` and
-``simulation`` (DESIGN.md section 2). The same :func:`run_server` runs under
-``flwr run .`` (Ray simulation or deployment), under the in-process engine
-and under :func:`flwr.simulation.run_simulation`.
+It lives on the top floor (``fl_app`` < ``strategies`` < ``simulation``): it
+is the one place where the task and outputs of ``fl_app``, a strategy and the
+virtual time of :mod:`simulation.timing` meet (DESIGN.md section 2). The same
+:func:`run_server` runs under ``flwr run .`` (Ray simulation or deployment;
+``pyproject.toml`` names ``simulation.server_app:app``), under the in-process
+engine and under :func:`flwr.simulation.run_simulation`.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from fl_app.errors import ConfigError
 from fl_app.outputs import RunRecorder, default_output_dir
 from fl_app.saved_model import ModelSaver
 from fl_app.task import Task, check_batch_size, load_task, write_partition_plot
-from simulation.clock import VirtualClock
-from simulation.heterogeneity import DeviceTiming, draw_profiles
+from simulation.timing.clocks import VirtualClock, WallClock
+from simulation.timing.devices import draw_profiles
+from simulation.timing.durations import DeviceTiming, ZeroTiming
 from simulation.trackers import TrackingContext, check_trackers, open_trackers
 from strategies.base import CHECKPOINT_UNSUPPORTED
 from strategies.checkpoint import CHECKPOINT_FILE
-from strategies.clock import WallClock, ZeroTiming
 from strategies.registry import get_strategy
 
 log = logging.getLogger("sflower")

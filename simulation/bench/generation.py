@@ -28,7 +28,7 @@ Memory (``run_memory``, ``--memory``): resident memory of the full-covariance
 statistics for 100 labels at D = 4096, this tree against another revision's
 ``strategies/generation.py``, each in a fresh subprocess.
 
-Run: ``python -m simulation.bench_generation`` (or ``python simulation/bench_generation.py``).
+Run: ``python -m simulation.bench.generation`` (or ``python simulation/bench/generation.py``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ import time
 import torch
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from simulation.bench.common import REPO_ROOT  # noqa: E402
 from strategies.generation import LabelGaussians, log_progress_weight  # noqa: E402
 
 
@@ -363,7 +364,7 @@ def _memory_child(src: str, labels: int, dim: int, per_label: int, flush: int) -
     import json
     import subprocess
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(REPO_ROOT)
     env = dict(os.environ, PYTHONPATH=root)
     proc = subprocess.run([sys.executable, "-c", _MEMORY_CHILD, src, str(labels), str(dim), str(per_label),
                            str(flush)], cwd=root, env=env, capture_output=True, text=True, check=False)
@@ -382,7 +383,7 @@ def _old_source(rev: str | None, dest_dir: str) -> str | None:
 
     if not rev:
         return None
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(REPO_ROOT)
     proc = subprocess.run(["git", "-C", root, "show", f"{rev}:strategies/generation.py"],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -436,6 +437,16 @@ def run_memory(dim=4096, labels=100, seen_per_label=400, steady_labels=3, flush=
                                                                           - steady["growth_mb"])
             res[side] = {"early": early, "steady": steady}
     return res
+
+
+def bench_generation_cost(quick: bool = False, against: str | None = None) -> dict:
+    """Straightforward vs. incremental-factor sampling of generated activations (per server update),
+    and the resident memory of the statistics for 100 labels at D=4096, ``against`` (default
+    ``HEAD``) vs. the working tree (see :func:`run_memory`)."""
+    kwargs = {"updates": 6, "warmup": 20, "baseline_updates": 1} if quick else {}
+    out = run(**kwargs)
+    out["memory"] = run_memory(against=against or "HEAD", quick=quick)
+    return out
 
 
 def _main(argv=None):

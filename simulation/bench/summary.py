@@ -5,7 +5,7 @@ and after, for git revision ``REV`` ("old") and the working tree ("new"):
 
 * **GAS s per global iteration**: Fashion-MNIST at the paper's settings
   (K=20, C=10, E=20, B=32, shard=2), evaluation excluded, the two trees run
-  alternately (:func:`simulation.bench.bench_throughput`);
+  alternately (:func:`simulation.bench.throughput.bench_throughput`);
 * **Ray ÷ in-process**: the run wall time (``summary.json``'s
   ``wall_time_s``) on Ray with 2 CPUs over the in-process one, on the small
   mnist-5k run of ``sflower bench engine`` (fixed costs dominate) and on one
@@ -13,7 +13,7 @@ and after, for git revision ``REV`` ("old") and the working tree ("new"):
   ``--quick``);
 * **generation**: seconds per server update of the full-covariance
   statistics (update + top-up, D=3136) and the resident memory of 100 labels
-  at D=4096 (:mod:`simulation.bench_generation`);
+  at D=4096 (:mod:`simulation.bench.generation`);
 * **main job**: ``sflower run`` with no arguments, wall seconds of the whole
   command (interpreter start included) and its final accuracy.
 
@@ -30,11 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simulation.bench import SMALL_ENGINE_RUN, run_in_tree
+from simulation.bench.common import PLAN_PRELUDE, REPO_ROOT, SMALL_ENGINE_RUN, fmnist_dir, run_in_tree, source_tree
 
-_ENGINE_CHILD = r"""
+_ENGINE_CHILD = PLAN_PRELUDE + r"""
 import json, sys, time
-from simulation.bench import _plan
 from simulation import engine
 from simulation.engine import run_inprocess
 if hasattr(engine, "run_ray"):  # revisions before the Ray engine had its own module
@@ -54,8 +53,12 @@ print(json.dumps({"wall_s_total": time.perf_counter() - t0, "wall_s_run": summar
 """
 
 _GENERATION_CHILD = r"""
-import json
-from simulation import bench_generation
+import json, pathlib
+import simulation
+if (pathlib.Path(simulation.__file__).parent / "bench" / "generation.py").exists():
+    from simulation.bench import generation as bench_generation
+else:  # a revision before issue 22
+    from simulation import bench_generation
 r = bench_generation.run(updates=6, warmup=20, baseline_updates=1)
 print(json.dumps({"ours_full_s": r["ours_full_s"], "straightforward_s": r["straightforward_s"]}))
 """
@@ -91,13 +94,13 @@ def run(tmp: Path, against: str, quick: bool = False, data_dir: str | None = Non
         ConfigError: ``against`` is not a commit of this checkout.
         RuntimeError: a run of either tree failed.
     """
-    from simulation.bench import _fmnist_dir, _source_tree, bench_throughput
-    from simulation.bench_generation import run_memory
+    from simulation.bench.generation import run_memory
+    from simulation.bench.throughput import bench_throughput
 
-    new_src = Path(__file__).resolve().parents[1]
-    old_src = _source_tree(against, tmp / "summary-src-old")
+    new_src = REPO_ROOT
+    old_src = source_tree(against, tmp / "summary-src-old")
     sides = {"old": old_src, "new": new_src}
-    realistic = dict(strategy="gas", dataset="fashion-mnist", data_dir=_fmnist_dir(data_dir), num_clients=20,
+    realistic = dict(strategy="gas", dataset="fashion-mnist", data_dir=fmnist_dir(data_dir), num_clients=20,
                      concurrency=10, local_iterations=20, batch_size=32, partition="shard", shards=2,
                      global_iterations=1, eval_every=0)
     out: dict[str, Any] = {"against": against, "quick": quick, "old": {}, "new": {}}

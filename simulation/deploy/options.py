@@ -1,0 +1,132 @@
+"""The options of ``sflower deploy``: which keys are deploy options, their defaults and checks.
+
+``sflower deploy nodes=N [deploy options] [run-config KEY=VALUE ...]``: the
+deploy options are the keys of :data:`DEPLOY_DEFAULTS`; every other key is a
+run-config key (:data:`fl_app.config.DEFAULTS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fl_app.config import DEFAULTS, RunConfig
+from fl_app.errors import ConfigError
+
+#: Deploy options with their defaults (the other ``KEY=VALUE`` pairs are run-config keys).
+DEPLOY_DEFAULTS: dict[str, Any] = {
+    "nodes": 3,            # authorised SuperNodes
+    "intruders": 0,        # extra SuperNodes whose keys are not registered (need auth=true)
+    "tls": True,           # TLS between SuperNodes / CLI and the SuperLink
+    "auth": True,          # --enable-supernode-auth (needs tls=true)
+    "fast": False,         # low-latency polling (see the module docstring)
+    "isolation": "subprocess",  # SuperNode --isolation (process: sflower starts the SuperExec itself)
+    "run-dir": "",         # default runs/deploy-<strategy>-<time>
+    "timeout": 1800.0,     # s: the whole run, from `flwr run` to summary.json
+    "kill-node": -1,       # partition id of a node to SIGKILL mid-run (-1: none)
+    "kill-after": 5.0,     # s after the first metric row (training has started)
+    "restart-after": 0.0,  # s after the kill to start the node again (0: never)
+}
+
+
+@dataclass
+class DeployOptions:
+    """The parsed ``sflower deploy`` arguments.
+
+    Attributes:
+        opts: the deploy options (:data:`DEPLOY_DEFAULTS` keys).
+        run_pairs: run-config overrides as given (strings), hyphenated keys.
+        cfg: the resolved run configuration (``num-clients`` = nodes + intruders
+            unless given, ``clock=wall`` unless given).
+    """
+
+    opts: dict[str, Any]
+    run_pairs: dict[str, Any]
+    cfg: RunConfig
+
+
+def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
+    """Split ``KEY=VALUE`` pairs into deploy options and run-config keys, and check them.
+
+    Raises:
+        ConfigError: an unknown key, a badly typed value, or an impossible
+            combination (auth without TLS, intruders without auth, kill-node
+            out of range, num-clients below nodes + intruders).
+    """
+    opts = dict(DEPLOY_DEFAULTS)
+    run_pairs: dict[str, Any] = {}
+    for raw, value in pairs.items():
+        key = raw.replace("_", "-")
+        if key in DEPLOY_DEFAULTS:
+            opts[key] = coerce_opt(key, value)
+        elif key in DEFAULTS:
+            run_pairs[key] = value
+        else:
+            raise ConfigError(f"unknown key '{raw}': deploy takes {', '.join(DEPLOY_DEFAULTS)} and run-config keys")
+    nodes, intruders = opts["nodes"], opts["intruders"]
+    if nodes < 1 or intruders < 0:
+        raise ConfigError(f"nodes must be >= 1 and intruders >= 0, got {nodes} and {intruders}")
+    if opts["auth"] and not opts["tls"]:
+        raise ConfigError("auth=true needs tls=true (Flower refuses SuperNode authentication without TLS)")
+    if intruders and not opts["auth"]:
+        raise ConfigError("intruders need auth=true (without authentication every SuperNode is accepted)")
+    if opts["isolation"] not in ("subprocess", "process"):
+        raise ConfigError(f"isolation must be subprocess or process, got '{opts['isolation']}'")
+    if "output-dir" in run_pairs:
+        raise ConfigError("deploy writes the outputs to RUN_DIR/out; set run-dir=DIR instead of output-dir")
+    run_pairs.setdefault("num-clients", nodes + intruders)
+    if "concurrency" not in run_pairs:
+        try:
+            clients = int(str(run_pairs["num-clients"]).strip() or 0)
+        except ValueError:
+            raise ConfigError(f"num-clients must be an integer, got {run_pairs['num-clients']!r}") from None
+        run_pairs["concurrency"] = min(int(DEFAULTS["concurrency"]), clients)
+    run_pairs.setdefault("clock", "wall")
+    if intruders:
+        run_pairs.setdefault("min-clients", nodes)
+        run_pairs.setdefault("join-timeout", 30.0)
+    cfg = RunConfig.from_mapping(run_pairs)
+    if cfg.num_clients < nodes + intruders:
+        raise ConfigError(f"num-clients={cfg.num_clients} is below nodes + intruders = {nodes + intruders}")
+    if not -1 <= opts["kill-node"] < nodes:
+        raise ConfigError(f"kill-node must be a node's partition id 0..{nodes - 1} (or -1), got {opts['kill-node']}")
+    return DeployOptions(opts, run_pairs, cfg)
+
+
+def fresh_run_dir(given: str, default: str) -> Path:
+    """The absolute run directory: ``given``, or ``default`` when empty.
+
+    Raises:
+        ConfigError: it exists and is a file, or a directory that is not empty.
+    """
+    run_dir = Path(given or default).resolve()
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise ConfigError(f"run-dir '{run_dir}' exists and is not an empty directory")
+    return run_dir
+
+
+def coerce_opt(key: str, value: Any) -> Any:
+    """``value`` (a string) as the type of deploy option ``key``'s default (bool, int, float or str).
+
+    Raises:
+        ConfigError: the value does not parse as that type.
+    """
+    default = DEPLOY_DEFAULTS[key]
+    text = str(value).strip()
+    try:
+        if isinstance(default, bool):
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return float(text)
+        return text
+    except ValueError:
+        raise ConfigError(f"{key}={value!r} is not a valid {type(default).__name__}") from None
+

@@ -1,0 +1,125 @@
+"""One loopback deployment from start to summary: :func:`deploy` (``sflower deploy``).
+
+It writes each node's data, starts the cluster (:class:`~simulation.deploy.cluster.Deployment`),
+runs the app, injects the fault asked for (``kill-node``), waits for
+``summary.json`` and stops everything (the package docstring lists the steps).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from fl_app.config import RunConfig
+from simulation.deploy.cluster import Deployment
+from simulation.deploy.options import DeployOptions, fresh_run_dir
+from simulation.deploy.processes import DeployError, terminate_on_sigterm, wait_for
+
+
+def run_config_for(cfg: RunConfig, given: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
+    """The ``--run-config`` table: the keys given (typed as in ``cfg``), plus ``output-dir``."""
+    values = cfg.as_dict()
+    table = {k: values[k] for k in given}
+    table["output-dir"] = str(out_dir)
+    return table
+
+
+def _metric_rows(path: Path) -> int:
+    """Data rows in ``metrics.csv`` so far (0 while it does not exist)."""
+    try:
+        return max(0, len(path.read_text().strip().splitlines()) - 1)
+    except OSError:
+        return 0
+
+
+def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
+    """Run one loopback deployment (module docstring); return the run's summary plus a ``deploy`` entry.
+
+    The ``deploy`` entry holds the run directory, the wall seconds to start
+    the processes and to run, the node count, and the fault injected (if any).
+
+    Raises:
+        ConfigError: bad run configuration (checked before anything starts).
+        DeployError: a process failed, the run failed, or ``timeout`` passed.
+        KeyboardInterrupt: Ctrl-C or SIGTERM; every process is stopped first.
+    """
+    from simulation.server_app import plan_run  # imported late: it loads torch
+    from fl_app.task import write_partition_dirs
+
+    o, cfg = options.opts, options.cfg
+    plan_run(cfg)  # one-line errors before anything starts
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = fresh_run_dir(o["run-dir"], f"runs/deploy-{cfg.strategy}-{stamp}")
+    out_dir = run_dir / "out"
+    say = (lambda *a: None) if quiet else (lambda msg: print(f"[deploy] {msg}", flush=True))
+    nodes, intruders = o["nodes"], o["intruders"]
+    t_start = time.monotonic()
+    with terminate_on_sigterm(), Deployment(run_dir, tls=o["tls"], auth=o["auth"], fast=o["fast"],
+                                             isolation=o["isolation"]) as dep:
+        dirs = write_partition_dirs(cfg, run_dir / "data")
+        say(f"wrote {len(dirs)} partitions to {run_dir / 'data'}")
+        dep.start_superlink()
+        say(f"SuperLink on 127.0.0.1:{dep.port} (tls={dep.tls}, auth={dep.auth}); logs in {dep.logs}")
+        specs = [dep.add_node(k, dirs[k], authorised=k < nodes) for k in range(nodes + intruders)]
+        for spec in specs:
+            dep.start_node(spec, cfg.num_clients)
+        say(f"{nodes} SuperNodes started" + (f", {intruders} with unregistered keys" if intruders else ""))
+        t_run = time.monotonic()
+        runner = dep.run_app(run_config_for(cfg, options.run_pairs, out_dir))
+        summary_path = out_dir / "summary.json"
+        killed_at = restarted_at = None
+        deadline = t_run + o["timeout"]
+        first_row_at = None
+        victim = specs[o["kill-node"]] if o["kill-node"] >= 0 else None
+        while not summary_path.exists():
+            dep.processes.refresh()
+            now = time.monotonic()
+            if first_row_at is None and _metric_rows(out_dir / "metrics.csv") >= 1:
+                first_row_at = now
+            if victim is not None and killed_at is None and first_row_at is not None \
+                    and now - first_row_at >= o["kill-after"]:
+                dep.processes.kill(victim.proc)
+                killed_at = now
+                say(f"killed SuperNode {victim.pid} (SIGKILL) {now - t_run:.1f} s into the run")
+            if victim is not None and killed_at is not None and restarted_at is None and o["restart-after"] > 0 \
+                    and now - killed_at >= o["restart-after"]:
+                dep.start_node(victim, cfg.num_clients)
+                restarted_at = now
+                say(f"restarted SuperNode {victim.pid}")
+            if not dep.superlink.alive():
+                raise DeployError(f"the SuperLink exited (code {dep.superlink.popen.returncode}); "
+                                  f"see {dep.superlink.log_path}")
+            if not runner.alive():
+                # `flwr run --stream` returns when the run ends; give the summary a moment to land
+                with suppress(DeployError):
+                    wait_for(summary_path.exists, 10.0, "summary.json")
+                if not summary_path.exists():
+                    raise DeployError(f"the run ended without summary.json (flwr run exit {runner.popen.returncode});"
+                                      f" see {runner.log_path} and {dep.logs}")
+                break
+            if now > deadline:
+                raise DeployError(f"the run did not finish within timeout={o['timeout']:g} s; see {dep.logs}")
+            time.sleep(0.5)
+        summary = json.loads(summary_path.read_text())
+        t_end = time.monotonic()
+        # unregistered SuperNodes: Flower refuses them (they exit with "Failed to activate SuperNode")
+        refused = {s.pid: s.proc.popen.returncode for s in specs if not s.authorised and s.proc is not None
+                   and not s.proc.alive()}
+    summary["deploy"] = {
+        "run_dir": str(run_dir), "nodes": nodes, "intruders": intruders, "tls": o["tls"], "auth": o["auth"],
+        "fast": o["fast"], "isolation": o["isolation"], "startup_s": round(t_run - t_start, 3),
+        "run_s": round(t_end - t_run, 3),
+        "killed_node": o["kill-node"] if killed_at is not None else None,
+        "killed_at_s": round(killed_at - t_run, 3) if killed_at is not None else None,
+        "restarted_at_s": round(restarted_at - t_run, 3) if restarted_at is not None else None,
+        "refused_nodes": {str(k): v for k, v in refused.items()},
+    }
+    (run_dir / "deploy.json").write_text(json.dumps(summary["deploy"], indent=2))
+    if not str(summary.get("status", "")).startswith("completed"):
+        raise DeployError(f"the run ended with status '{summary.get('status')}'; outputs in {out_dir}")
+    return summary
+
