@@ -37,8 +37,6 @@ MAX_MODULE_LINES = 500
 #: Offenders that other parts of issue 22 are fixing concurrently ("path" for a module's size,
 #: "path::Class" for a strategy class): strict xfails until then. Empty it when they have landed.
 PENDING_ISSUE_22 = frozenset({
-    "fl_app/client_app.py",
-    "fl_app/models.py",
     "fl_app/protocol.py",
     "strategies/base.py",
     "strategies/gas.py::GAS",
@@ -77,13 +75,29 @@ def _project_module(dotted: str) -> str | None:
     return None
 
 
+def _typing_only(tree: ast.Module) -> set[int]:
+    """``id`` of every node under an ``if TYPE_CHECKING:`` block (imports that never run)."""
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            inside.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    return inside
+
+
 @cache
-def imports(name: str) -> tuple[tuple[str, int], ...]:
-    """``(imported module of ours, line)`` for every import statement anywhere in module ``name``."""
+def imports(name: str, runtime_only: bool = False) -> tuple[tuple[str, int], ...]:
+    """``(imported module of ours, line)`` for every import statement anywhere in module ``name``.
+
+    ``runtime_only`` leaves out those under ``if TYPE_CHECKING:``, which never execute and so
+    cannot form an import cycle (they still count for the floors).
+    """
     tree = ast.parse(modules()[name].read_text(), filename=str(modules()[name]))
     package = name if _is_package(name) else name.rpartition(".")[0]
+    skip = _typing_only(tree) if runtime_only else set()
     found = []
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -116,7 +130,7 @@ def _cycle_through(name: str) -> list[str] | None:
     queue = deque([name])
     while queue:
         current = queue.popleft()
-        for target, _ in imports(current):
+        for target, _ in imports(current, runtime_only=True):
             if target == name:
                 path = [current]
                 while path[-1] != name:
