@@ -57,7 +57,7 @@ DEFAULTS: dict[str, Any] = {
     "momentum": 0.9,
     "weight-decay": 0.0005,
     "clip-norm": 10.0,
-    # GAS (DESIGN.md section 7)
+    # GAS (docs/design.md §7)
     "generate": True,
     "covariance": "full",
     "buffer-activations": 0,

@@ -2,7 +2,7 @@
 
 It lives on the top floor (``fl_app`` < ``strategies`` < ``simulation``): it
 is the one place where the task and outputs of ``fl_app``, a strategy and the
-virtual time of :mod:`simulation.timing` meet (DESIGN.md section 2). The same
+virtual time of :mod:`simulation.timing` meet (docs/design.md §2). The same
 :func:`run_server` runs under ``flwr run .`` (Ray simulation or deployment;
 ``pyproject.toml`` names ``simulation.server_app:app``), under the in-process
 engine and under :func:`flwr.simulation.run_simulation`.

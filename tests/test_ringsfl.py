@@ -1,4 +1,4 @@
-"""RingSFL (``papers/ringsfl.txt``): propagation lengths, ring paths and overlap counts by hand,
+"""RingSFL (its paper): propagation lengths, ring paths and overlap counts by hand,
 eqs. 4-7 against a one-process computation, D2D timing by hand, dropout, the
 label-sorted partition, vanilla SL's round-robin order, and learning on MNIST."""
 

@@ -1,6 +1,6 @@
 """Peak client memory of one client step: zeroth-order against first-order (MU-SplitFed).
 
-MU-SplitFed (``papers/mu-splitfed.txt``, Sec. 1-2) adopts ZO optimisation on
+MU-SplitFed (its paper, Sec. 1-2) adopts ZO optimisation on
 the client to save memory: a ZO step needs forward passes only, so no
 autograd graph (saved activations) is kept. This benchmark measures it on
 CPU for the same model, cut and batch:
