@@ -54,7 +54,9 @@ from fl_app.task import Task
 from fl_app.training import evaluate_model
 from strategies import checkpoint as ckpt
 from strategies.clock import Clock, Timing
+from strategies.errors import DivergedError, RunFailedError, check_loss
 from strategies.dispatcher import SCHEDULED, Dispatcher, Pending, Reply, Request
+from strategies.requests import RequestBuilder
 from strategies.validation import ReplyChecker, ReplyProblem
 
 log = logging.getLogger("sflower")
@@ -64,14 +66,6 @@ STREAM_SELECTION = 3
 #: Why checkpoints need the in-process engine (one line, for errors).
 CHECKPOINT_UNSUPPORTED = ("checkpoint-every and resume need the in-process engine (engine=inprocess): under Ray "
                           "and in deployment the clients' state lives on the nodes, out of the server's reach")
-
-
-class DivergedError(RuntimeError):
-    """Training produced a non-finite loss; the run stops, metrics are kept."""
-
-
-class RunFailedError(RuntimeError):
-    """The run cannot go on (no live clients, handshake failure)."""
 
 
 @dataclass
@@ -146,6 +140,8 @@ class SFLStrategy(Strategy):
         #: replies to earlier requests that a later gather received (see :meth:`gather_replies`)
         self.stray_replies: list[Reply] = []
         self.costs = BlockCosts(task.profiles, cfg.batch_parallel)
+        #: typed configs to timed requests (:mod:`strategies.requests`)
+        self.requests = RequestBuilder(self.costs, task.cut_layer)
         self._wall0 = time.monotonic()
         self._bar: Any = None
         self.dispatcher: Dispatcher | None = None
@@ -812,11 +808,8 @@ class SFLStrategy(Strategy):
             return True
         return False
 
-    @staticmethod
-    def check_loss(loss: torch.Tensor, where: str) -> None:
-        """Raise :class:`DivergedError` when a training loss is not finite."""
-        if not torch.isfinite(loss).all():
-            raise DivergedError(f"non-finite training loss ({float(loss)}) in {where}")
+    #: Raise :class:`DivergedError` when a training loss is not finite (:func:`strategies.errors.check_loss`).
+    check_loss = staticmethod(check_loss)
 
     def summary_dict(self) -> dict[str, Any]:
         """The summary.json content."""
@@ -850,7 +843,7 @@ class SFLStrategy(Strategy):
     #: Attributes that are not server state: the run's environment (the resumed run brings its own),
     #: wall-clock bookkeeping (saved as elapsed seconds), and the dispatcher (saved by its own state_dict).
     NOT_CHECKPOINTED: ClassVar[frozenset[str]] = frozenset({
-        "cfg", "task", "clock", "timing", "recorder", "progress", "costs", "dispatcher", "_bar", "_checker",
+        "cfg", "task", "clock", "timing", "recorder", "progress", "costs", "requests", "dispatcher", "_bar", "_checker",
         "_wall0", "_run_start", "checkpoint_path", "resume_from", "_resumed",
     })
 
@@ -1013,11 +1006,15 @@ class SyncStrategy(SFLStrategy):
         """Rounds until a stop condition holds."""
         while not self.should_stop():
             self.between_rounds()
-            cohort = self.select(self.cfg.concurrency)
+            cohort = self.next_cohort()
             if not cohort:
                 raise RunFailedError("no live clients left to select")
             self.run_round(cohort)
             self.end_global_iteration()
+
+    def next_cohort(self) -> list[int]:
+        """Hook: the clients of the next round: ``concurrency`` live clients drawn uniformly (seeded)."""
+        return self.select(self.cfg.concurrency)
 
     def run_round(self, cohort: list[int]) -> None:
         """One global iteration with ``cohort`` (partition ids)."""

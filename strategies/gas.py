@@ -44,7 +44,8 @@ from strategies.dispatcher import Reply
 from strategies.generation import LabelGaussians
 from strategies.registry import register
 from strategies.shared_momentum import SharedMomentum
-from strategies.split import CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SplitMixin, server_step
+from strategies.server_step import activation_gradient, server_step
+from strategies.split import CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SplitMixin
 
 STREAM_GENERATION = 13
 STREAM_REFERENCE = 17
@@ -69,19 +70,6 @@ def _client_loss(logits: torch.Tensor, labels: torch.Tensor, label_prior: torch.
     if label_prior is None:
         return nn.functional.cross_entropy(logits, labels)
     return logit_adjusted_loss(logits, labels, label_prior)
-
-
-def activation_gradient(model: nn.Module, activations: torch.Tensor, labels: torch.Tensor,
-                        label_prior: torch.Tensor | None) -> torch.Tensor:
-    """``∇_A l_k(w_s; A, Y)`` without touching the server-side parameters' gradients.
-
-    ``label_prior=None`` uses plain cross-entropy (logit adjustment off).
-    Returns a tensor shaped like ``activations``.
-    """
-    x = activations.detach().requires_grad_(True)
-    loss = _client_loss(model(x), labels, label_prior)
-    (grad,) = torch.autograd.grad(loss, x)
-    return grad.detach()
 
 
 @register
@@ -171,11 +159,11 @@ class GAS(SplitMixin, AsyncStrategy):
         of its perturbed pairs under the same model and loss (eq. 6).
         """
         prior = self.label_prior(pid)
+        loss_fn = lambda logits, labels: _client_loss(logits, labels, prior)  # noqa: E731
         if self.client_zo:
-            grad = self.feedback(self.server_model, y, None, pid,
-                                 lambda logits, labels: _client_loss(logits, labels, prior))
+            grad = self.feedback(self.server_model, y, None, pid, loss_fn)
         else:
-            grad = activation_gradient(self.server_model, x, y, prior)
+            grad = activation_gradient(self.server_model, x, y, loss_fn)
         self.progress_of[pid] += 1
         self.client_iterations += 1
         done = self.progress_of[pid] >= self.local_steps(pid)

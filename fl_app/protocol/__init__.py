@@ -20,6 +20,7 @@ from fl_app.protocol.configs import (
     EvaluateConfig,
     FitConfig,
     ForwardConfig,
+    ForwardPlan,
     OptimizerConfig,
     StepConfig,
     ZOForwardConfig,
@@ -74,3 +75,6 @@ from fl_app.protocol.records import (
     state_record,
     tensor_record,
 )
+from fl_app.protocol import replies, requests  # noqa: E402 - the builders and readers, as P.requests.forward(...)
+from fl_app.protocol.replies import ReplySchema, reply_schema
+from fl_app.protocol.requests import RelayTag

@@ -50,12 +50,21 @@ class ActionConfig:
     action: ClassVar[str] = ""
 
     def to_record(self) -> ConfigRecord:
-        """The ConfigRecord sent in the message."""
+        """The ConfigRecord sent in the message (a new one each call)."""
         out: dict[str, Any] = {}
         for key, (name, _) in _fields(type(self)).items():
             value = getattr(self, name)
             out[key] = list(value) if isinstance(value, tuple) else value
         return ConfigRecord(out)
+
+    def record(self) -> ConfigRecord:
+        """:meth:`to_record`, encoded once per config object and then shared by every message built from it
+        (a message's content is only read; RingSFL sends one hop's config in every step)."""
+        cached = self.__dict__.get("_record")
+        if cached is None:
+            cached = self.to_record()
+            object.__setattr__(self, "_record", cached)
+        return cached
 
     @classmethod
     def from_record(cls: type[C], record: Mapping[str, Any] | None) -> C:
@@ -143,6 +152,51 @@ class ForwardConfig(OptimizerConfig):
     accumulate: bool = False
     weight: float = 1.0
     model_slot: str = ""
+
+    def plan(self, cut: int) -> ForwardPlan:
+        """What this forward does and what its reply holds, for a run whose cut layer is ``cut``:
+        the one reading of a ``train.forward`` config (the ClientApp's handler, the strategies'
+        request builders and reply validation all use it)."""
+        return ForwardPlan(self.start, self.end or cut, self.batch_size, self.loss)
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    """A ``train.forward`` read from its :class:`ForwardConfig` (:meth:`ForwardConfig.plan`).
+
+    Attributes:
+        start, end: the block range ``[start, end)`` run (``end`` resolved: 0 is the cut layer).
+        batch_size: examples sampled from the node's own data (``start == 0``).
+        loss: the range ends the model: the node computes the loss and back-propagates at once.
+    """
+
+    start: int
+    end: int
+    batch_size: int
+    loss: bool
+
+    @property
+    def own_data(self) -> bool:
+        """The input is a batch of the node's own data (else the relayed ``activations``)."""
+        return self.start == 0
+
+    @property
+    def replies_activations(self) -> bool:
+        """The reply holds the range's output (``activations``); else, with ``loss``, the loss in ``info``."""
+        return not self.loss
+
+    @property
+    def replies_input_gradient(self) -> bool:
+        """The reply holds the gradient w.r.t. the range's input (``gradient``): a loss range not starting at 0."""
+        return self.loss and self.start > 0
+
+    def replies_labels(self, labels_sent: bool) -> bool:
+        """The reply holds ``labels``: the output of own data, or of a relayed input sent with its labels."""
+        return not self.loss and (self.own_data or labels_sent)
+
+    def input_batch(self, relayed_batch: int | None) -> int:
+        """The batch the range runs on: the relayed input's (``relayed_batch``), else ``batch_size``."""
+        return self.batch_size if relayed_batch is None else relayed_batch
 
 
 @dataclass(frozen=True)
