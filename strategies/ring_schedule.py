@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
+from fl_app.task import Task
 
 #: Seed stream of the injected failures (``drop-per-round``).
 STREAM_RING_DROP = 37
@@ -185,3 +187,27 @@ class RingSchedule:
     def size(self) -> int:
         """``N``, the ring's member count."""
         return len(self.ring)
+
+
+def check_ring(cfg: RunConfig, task: Task) -> None:
+    """RingSFL's checks of a configuration: lengths, ring size, failures and optimiser against the model's ``W`` blocks.
+
+    Raises:
+        ConfigError: more clients than blocks; hand lengths not one per
+            client or not summing to ``W``; ``drop-per-round`` leaving no
+            client; an optimiser other than SGD.
+    """
+    total = len(task.profiles)
+    n = cfg.num_clients
+    if n > total:
+        raise ConfigError(f"ringsfl: {n} clients need at least {n} model blocks; {task.model_name} has {total}")
+    hand = parse_lengths(cfg.ring_lengths)
+    if hand and len(hand) != n:
+        raise ConfigError(f"ring-lengths='{cfg.ring_lengths}' has {len(hand)} entries for {n} clients")
+    if hand and sum(hand) != total:
+        raise ConfigError(f"ring-lengths='{cfg.ring_lengths}' sums to {sum(hand)}; {task.model_name} has "
+                          f"{total} blocks")
+    if cfg.drop_per_round >= n:
+        raise ConfigError(f"drop-per-round={cfg.drop_per_round} leaves no client of {n} in the ring")
+    if cfg.get("optimizer") != "sgd":
+        raise ConfigError(f"ringsfl trains with SGD (eqs. 4-7), not optimizer={cfg.get('optimizer')}")

@@ -78,7 +78,6 @@ from flwr.app import RecordDict
 
 from fl_app import protocol as P
 from fl_app.config import Option, RunConfig
-from fl_app.errors import ConfigError
 from fl_app.models import BlockModel
 from fl_app.task import Task
 from strategies.aggregation import weighted_average
@@ -89,6 +88,7 @@ from strategies.requests import optimizer_settings
 from strategies.ring_round import RingBroken, RingRound
 from strategies.ring_schedule import (
     RingSchedule,
+    check_ring,
     injected_failures,
     overlap_counts,
     parse_lengths,
@@ -146,30 +146,10 @@ class RingSFL(SyncStrategy):
         #: pid -> state_dict of each participant's blended model after the last round (eq. 4)
         self.blended: dict[int, dict[str, torch.Tensor]] = {}
 
-    # ------------------------------------------------------------------ configuration
     @classmethod
     def check_config(cls, cfg: RunConfig, task: Task) -> None:
-        """Lengths, ring size, failures and optimiser against the model's ``W`` blocks.
-
-        Raises:
-            ConfigError: more clients than blocks; hand lengths not one per
-                client or not summing to ``W``; ``drop-per-round`` leaving no
-                client; an optimiser other than SGD.
-        """
-        total = len(task.profiles)
-        n = cfg.num_clients
-        if n > total:
-            raise ConfigError(f"ringsfl: {n} clients need at least {n} model blocks; {task.model_name} has {total}")
-        hand = parse_lengths(cfg.ring_lengths)
-        if hand and len(hand) != n:
-            raise ConfigError(f"ring-lengths='{cfg.ring_lengths}' has {len(hand)} entries for {n} clients")
-        if hand and sum(hand) != total:
-            raise ConfigError(f"ring-lengths='{cfg.ring_lengths}' sums to {sum(hand)}; {task.model_name} has "
-                              f"{total} blocks")
-        if cfg.drop_per_round >= n:
-            raise ConfigError(f"drop-per-round={cfg.drop_per_round} leaves no client of {n} in the ring")
-        if cfg.get("optimizer") != "sgd":
-            raise ConfigError(f"ringsfl trains with SGD (eqs. 4-7), not optimizer={cfg.get('optimizer')}")
+        """Lengths, ring size, failures and optimiser against the model (:func:`~strategies.ring_schedule.check_ring`)."""
+        check_ring(cfg, task)
 
     def summary(self) -> None:
         """Log the strategy and its main settings, and one warning for v2 under momentum.

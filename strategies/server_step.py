@@ -5,7 +5,8 @@ the gradients, back-propagate, clip and step); :func:`step_on_loss` adds the
 check of the loss before it (SplitFed, MiniBatch-SFL, PSL, EPSL, S²FL),
 and GAPSL passes its own back-propagation (eq. 8's gradient).
 :func:`server_step` is one step on received activations; :func:`activation_gradient`
-is ``∂L/∂A`` without touching the model (GAS's ``G_k``, S²FL's clients).
+is ``∂L/∂A`` without touching the model (GAS's ``G_k``, S²FL's clients);
+:func:`zo_step` is a zeroth-order server step (MU-SplitFed).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from fl_app.config import RunConfig
 from fl_app.training import clip_and_step
+from fl_app.zo import STREAM_ZO_SERVER, zo_seed, zo_server_step
 from strategies.errors import check_loss
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -94,3 +97,26 @@ def activation_gradient(model: nn.Module, activations: torch.Tensor, labels: tor
         check_loss(loss.detach(), where)
     (grad,) = torch.autograd.grad(loss, x)
     return grad.detach()
+
+
+def zo_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RunConfig, key: int, updates: int,
+            lr: float) -> float:
+    """One ZO-SGD step of a server-side model (MU-SplitFed eq. 5, :func:`fl_app.zo.zo_server_step`).
+
+    Directions come from ``(seed, server stream, key, updates, p)`` for
+    ``p < perturbations``; smoothing ``zo-smoothing``, clip ``zo-clip``.
+
+    Args:
+        key: which server-side model (a client's copy: its partition id).
+        updates: the server updates so far.
+
+    Returns:
+        the loss before the step.
+
+    Raises:
+        DivergedError: the loss is not finite.
+    """
+    seeds = [zo_seed(cfg.seed, STREAM_ZO_SERVER, key, updates, p) for p in range(cfg.perturbations)]
+    loss = zo_server_step(model, x, y, seeds, cfg.zo_smoothing, lr, cfg.zo_clip)
+    check_loss(torch.tensor(loss), "server ZO step")
+    return loss

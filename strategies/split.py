@@ -33,12 +33,11 @@ from fl_app.errors import ConfigError
 from fl_app.models import BlockModel, split_model
 from fl_app.task import Task
 from fl_app.training import make_sgd
-from fl_app.zo import STREAM_ZO_SERVER, zo_seed, zo_server_step
 from strategies.aggregation import average_uploads
 from strategies.base import SFLStrategy, SyncStrategy
 from strategies.dispatcher import Request
 from strategies.requests import optimizer_settings
-from strategies.server_step import LossFn
+from strategies.server_step import LossFn, zo_step
 
 
 #: Options of every strategy whose clients can train with zeroth-order updates (MU-SplitFed, DESIGN.md §7).
@@ -148,25 +147,10 @@ class SplitMixin(SFLStrategy):
                               "activation gradient for first-order clients)")
 
     def zo_server_update(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, key: int) -> float:
-        """One ZO-SGD step of a server-side model (MU-SplitFed eq. 5, :func:`fl_app.zo.zo_server_step`).
-
-        Directions come from ``(seed, server stream, key, server_updates, p)``
-        for ``p < P``; the step size is :attr:`server_side_lr`, the clip
-        ``zo-clip``. Counts one server update.
-
-        Args:
-            key: which server-side model (a client's copy: its partition id).
-
-        Returns:
-            the loss before the step.
-
-        Raises:
-            DivergedError: the loss is not finite.
-        """
-        c = self.cfg
-        seeds = [zo_seed(c.seed, STREAM_ZO_SERVER, key, self.server_updates, p) for p in range(c.perturbations)]
-        loss = zo_server_step(model, x, y, seeds, c.zo_smoothing, self.server_side_lr, c.zo_clip)
-        self.check_loss(torch.tensor(loss), "server ZO step")
+        """One ZO-SGD step of server-side model ``key`` (a client's copy: its partition id) at
+        :attr:`server_side_lr` (:func:`~strategies.server_step.zo_step`); counts one server update.
+        Returns the loss before the step; raises ``DivergedError`` when it is not finite."""
+        loss = zo_step(model, x, y, self.cfg, key, self.server_updates, self.server_side_lr)
         self.server_updates += 1
         return loss
 
@@ -177,14 +161,9 @@ class SplitMixin(SFLStrategy):
 
     def forward_request(self, batch: int, weights: ArrayRecord | None, *, start: int = 0, end: int | None = None,
                         slot: str = P.OWN_SLOT, tag: object = None, timed_end: int | None = None) -> Request:
-        """``train.forward`` of own data through blocks ``[start, end)`` (default the client part);
-        a ``train.zo_forward`` with ZO clients.
-
-        ``weights`` (encoded once by the caller), when given, replace the slot's.
-        Timed as the range's forward FLOPs plus the upload of its activations;
-        ``timed_end`` charges them as if the range ended there instead (S²FL's
-        adaptive cut changes time only).
-        """
+        """``train.forward`` of own data through blocks ``[start, end)`` (default the client part), or a
+        ``train.zo_forward`` with ZO clients; ``weights`` (encoded once by the caller), when given, replace
+        the slot's; ``timed_end``: charge it as if the range ended there (S²FL's adaptive cut)."""
         end = self.cut if end is None else end
         if self.client_zo:
             c = self.cfg
