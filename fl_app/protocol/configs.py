@@ -18,18 +18,7 @@ from typing import Any, ClassVar, TypeVar
 
 from flwr.app import ConfigRecord
 
-from fl_app.protocol.keys import (
-    EVALUATE,
-    NEXT_NONE,
-    OWN_SLOT,
-    SPLIT_TEST,
-    TRAIN_BACKWARD,
-    TRAIN_FIT,
-    TRAIN_FORWARD,
-    TRAIN_STEP,
-    TRAIN_ZO_FORWARD,
-    TRAIN_ZO_UPDATE,
-)
+from fl_app.protocol import keys as K
 
 C = TypeVar("C", bound="ActionConfig")
 
@@ -143,8 +132,8 @@ class ForwardConfig(OptimizerConfig):
     node's one local model, each path keeping its input in its own slot.
     """
 
-    action: ClassVar[str] = TRAIN_FORWARD
-    slot: str = OWN_SLOT
+    action: ClassVar[str] = K.TRAIN_FORWARD
+    slot: str = K.OWN_SLOT
     start: int = 0
     end: int = 0  # 0: the run's cut layer
     batch_size: int = 0
@@ -213,9 +202,9 @@ class BackwardConfig(OptimizerConfig):
     :class:`ForwardConfig`.
     """
 
-    action: ClassVar[str] = TRAIN_BACKWARD
-    slot: str = OWN_SLOT
-    next: str = NEXT_NONE
+    action: ClassVar[str] = K.TRAIN_BACKWARD
+    slot: str = K.OWN_SLOT
+    next: str = K.NEXT_NONE
     batch_size: int = 0
     accumulate: bool = False
     weight: float = 1.0
@@ -231,8 +220,8 @@ class StepConfig(OptimizerConfig):
     With ``return_weights`` the reply holds the slot's new weights.
     """
 
-    action: ClassVar[str] = TRAIN_STEP
-    slot: str = OWN_SLOT
+    action: ClassVar[str] = K.TRAIN_STEP
+    slot: str = K.OWN_SLOT
     return_weights: bool = False
     start: int = 0
     end: int = 0
@@ -248,8 +237,8 @@ class ZOForwardConfig(OptimizerConfig):
     :data:`WEIGHTS` replace the slot's weights and reset its optimizer.
     """
 
-    action: ClassVar[str] = TRAIN_ZO_FORWARD
-    slot: str = OWN_SLOT
+    action: ClassVar[str] = K.TRAIN_ZO_FORWARD
+    slot: str = K.OWN_SLOT
     end: int = 0  # 0: the run's cut layer
     batch_size: int = 0
     perturbations: int = 1
@@ -265,11 +254,11 @@ class ZOUpdateConfig(OptimizerConfig):
     a piggybacked forward is a ``train.zo_forward`` with the same ``P`` and ``μ``.
     """
 
-    action: ClassVar[str] = TRAIN_ZO_UPDATE
-    slot: str = OWN_SLOT
+    action: ClassVar[str] = K.TRAIN_ZO_UPDATE
+    slot: str = K.OWN_SLOT
     diffs: tuple[float, ...] = ()
     smoothing: float = 1e-3
-    next: str = NEXT_NONE
+    next: str = K.NEXT_NONE
     batch_size: int = 0
 
 
@@ -277,7 +266,7 @@ class ZOUpdateConfig(OptimizerConfig):
 class FitConfig(OptimizerConfig):
     """``train.fit``: ``local_iterations`` full-model SGD steps of ``batch_size`` (FL baselines)."""
 
-    action: ClassVar[str] = TRAIN_FIT
+    action: ClassVar[str] = K.TRAIN_FIT
     local_iterations: int = 1
     batch_size: int = 32
 
@@ -286,5 +275,5 @@ class FitConfig(OptimizerConfig):
 class EvaluateConfig(ActionConfig):
     """``evaluate``: evaluate sent full-model weights on the test set or the local partition."""
 
-    action: ClassVar[str] = EVALUATE
-    split: str = SPLIT_TEST
+    action: ClassVar[str] = K.EVALUATE
+    split: str = K.SPLIT_TEST
