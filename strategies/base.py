@@ -1,45 +1,79 @@
-"""The base class that owns the event loop of every sflower strategy.
+"""The strategy core: the lifecycle, the stop rules, the loop shapes and the hooks of every sflower strategy.
 
-DESIGN.md section 5. :class:`SFLStrategy` subclasses Flower's
-``Strategy`` and overrides ``start(grid, ...)``. It owns:
+DESIGN.md section 5. :class:`SFLStrategy` runs a strategy from the handshake
+to the summary; each concern beside the lifecycle is a collaborator that
+receives data and callbacks, not the strategy:
 
-* node discovery and the ``query.info`` handshake (node id -> partition id,
-  example counts, label histograms);
-* client selection (seeded);
-* the :class:`~strategies.dispatcher.Dispatcher`: :class:`Request` objects
-  with tags, a FIFO queue per node (one message in flight per node), due
-  times from the :class:`~strategies.clock.Timing`, ``gather`` with
-  ``first``/``deadline``, ``cancel``, and :meth:`SFLStrategy.expected_duration`;
-* compute and transfer figures of any block range (:attr:`SFLStrategy.costs`);
-* evaluation of the global model, metric rows, progress, stop conditions;
-* error replies, timeouts and malformed replies (:meth:`SFLStrategy.validate_reply`,
-  :mod:`strategies.validation`): the client's work is dropped, the client is
-  excluded with a one-line reason in the log, and the run goes on;
-* checkpoints (``checkpoint-every``) and resume (:meth:`SFLStrategy.write_checkpoint`,
-  :meth:`SFLStrategy.restore_checkpoint`, :mod:`strategies.checkpoint`).
+* membership (:class:`~strategies.membership.Membership`): the ``query.info``
+  handshake, re-admission, seeded selection, exclusion;
+* exchange (:class:`~strategies.exchange.Exchange`): sending, receiving and
+  gathering through the :class:`~strategies.dispatcher.Dispatcher`, due
+  times from the :class:`~strategies.clock.Timing`, metering (``bytes_up``,
+  ``bytes_down``), reply validation (:mod:`strategies.validation`);
+* evaluation (:func:`strategies.evaluation.evaluate_models`);
+* checkpointing (:func:`strategies.checkpoint.save_run`, :func:`~strategies.checkpoint.load_run`);
+* requests (:class:`~strategies.requests.RequestBuilder`): typed configs to timed requests.
 
-Two loop shapes are provided:
+The base class delegates to them with thin methods (``connect``, ``select``,
+``send``, ``gather``, ...) that subclasses call.
 
-* :class:`SyncStrategy`: ``run_round(cohort)`` per global iteration; a
-  round's virtual time is its slowest member's.
-* :class:`AsyncStrategy`: ``on_reply(reply)`` for each reply
-  in virtual completion-time order; the subclass calls
+Loop shapes:
+
+* :class:`SyncStrategy`: ``run_round(cohort)`` per global iteration, the
+  cohort from :meth:`SyncStrategy.next_cohort`; a round's virtual time is
+  its slowest member's;
+* :class:`AsyncStrategy`: ``launch(pid)`` per free slot, ``on_reply(reply)``
+  for each reply in virtual completion-time order; the subclass calls
   :meth:`SFLStrategy.end_global_iteration` when a global iteration is done.
+
+Hooks a strategy overrides (the full list; each with its contract):
+
+==========================  =====================================================================
+hook                        contract
+==========================  =====================================================================
+``name``, ``options``,      registry name; its run-config :class:`~fl_app.config.Option` s;
+``run_with``                the settings its authors ran (class attributes)
+``check_config`` (cls)      raise ``ConfigError`` (one line) for a configuration it cannot run
+``summary``                 log its settings once, before the handshake
+``initialize``              build server state (models, optimizers, buffers); no client needed
+``global_model``            the full model evaluated and returned (required)
+``evaluation_models``       ``{key: full model}`` to evaluate instead (per-client models), or None
+``run_round`` (Sync)        one global iteration with ``cohort``; time passes in ``gather``
+``next_cohort`` (Sync)      the clients of the next round (default: ``concurrency`` drawn, seeded)
+``launch``, ``on_reply``    (Async) start a client's local work; handle one successful reply
+``on_failure``              a client was excluded (error, timeout, malformed reply): drop its work
+``validate_reply``          why a reply is unusable, or None (extend with ``super()``)
+``extra_metrics``           extra columns of the current metric row
+``summary_dict``            ``summary.json`` (extend with ``super()``)
+``checkpoint_state``,       the server state a checkpoint saves and restores (default: every
+``load_checkpoint_state``   attribute but :attr:`SFLStrategy.NOT_CHECKPOINTED`)
+``run``                     the loop itself: provided by the loop shapes, not overridden
+==========================  =====================================================================
+
+Split strategies add theirs (:class:`strategies.split.SyncSplitStrategy`:
+``batch_size_for``, ``begin_round``, ``timed_cut``, ``start_weights``,
+``server_iteration``, ``collect_client_models``, ``end_round``).
+
+**Why subclass Flower's** ``Strategy``. sflower strategies run their own
+event-driven loops, which Flower's per-round ``configure_*``/``aggregate_*``
+methods cannot express, so those four are stubbed (they raise). We keep the
+subclass rather than an adapter because Flower's ServerApp contract is
+``strategy.start(grid, ...) -> Result``, which :meth:`SFLStrategy.start`
+implements directly: a strategy is usable wherever Flower expects its
+``Strategy`` (``isinstance`` checks, type hints, ``flwr run``), with one
+object for one lifecycle. An adapter would add a second object with the same
+lifecycle and its own ``start``, to save four three-line stubs.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -48,51 +82,29 @@ from flwr.serverapp.strategy import Result, Strategy
 from fl_app import protocol as P
 from fl_app.config import DEFAULTS, Option, RunConfig
 from fl_app.costs import BlockCosts
-from fl_app.device import model_device, resolve_device, to_device
+from fl_app.device import resolve_device, to_device
 from fl_app.models import BlockModel
 from fl_app.task import Task
-from fl_app.training import evaluate_model
 from strategies import checkpoint as ckpt
+from strategies.checkpoint import CHECKPOINT_UNSUPPORTED
 from strategies.clock import Clock, Timing
-from strategies.dispatcher import SCHEDULED, Dispatcher, Pending, Reply, Request
+from strategies.dispatcher import Dispatcher, Pending, Reply, Request
+from strategies.errors import DivergedError, RunFailedError, check_loss
+from strategies.evaluation import evaluate_models
+from strategies.exchange import Exchange
+from strategies.membership import STREAM_SELECTION, ClientInfo, Membership
+from strategies.requests import RequestBuilder
 from strategies.validation import ReplyChecker, ReplyProblem
+
+#: Names other modules import from here.
+__all__ = ["CHECKPOINT_UNSUPPORTED", "STREAM_SELECTION", "AsyncStrategy", "ClientInfo", "DivergedError",
+           "RunFailedError", "SFLStrategy", "SyncStrategy"]
 
 log = logging.getLogger("sflower")
 
-STREAM_SELECTION = 3
-
-#: Why checkpoints need the in-process engine (one line, for errors).
-CHECKPOINT_UNSUPPORTED = ("checkpoint-every and resume need the in-process engine (engine=inprocess): under Ray "
-                          "and in deployment the clients' state lives on the nodes, out of the server's reach")
-
-
-class DivergedError(RuntimeError):
-    """Training produced a non-finite loss; the run stops, metrics are kept."""
-
-
-class RunFailedError(RuntimeError):
-    """The run cannot go on (no live clients, handshake failure)."""
-
-
-@dataclass
-class ClientInfo:
-    """What the handshake tells about a client.
-
-    Attributes:
-        partition_id: the data partition it holds.
-        node_id: its Flower node id.
-        num_examples: training examples ``|D_k|``.
-        label_histogram: int64 ``[num_classes]`` label counts.
-    """
-
-    partition_id: int
-    node_id: int
-    num_examples: int
-    label_histogram: np.ndarray
-
 
 class SFLStrategy(Strategy):
-    """Base class of all strategies; subclasses supply hooks, not loops.
+    """Base class of all strategies; subclasses supply hooks (listed in the module docstring), not loops.
 
     Args:
         cfg: the run configuration.
@@ -123,32 +135,26 @@ class SFLStrategy(Strategy):
         self.timing = timing
         self.recorder = recorder
         self.progress = progress
-        self.rng = np.random.default_rng([cfg.seed, STREAM_SELECTION])
         self.global_iteration = 0
         self.server_updates = 0
-        self.bytes_up = 0
-        self.bytes_down = 0
-        self.clients: dict[int, ClientInfo] = {}
-        self.failed: set[int] = set()
-        #: partition id -> ``"action: reason"`` of each excluded client (in ``summary.json``)
-        self.failure_reasons: dict[int, str] = {}
-        self._non_finite: set[int] = set()
+        #: the clients: handshake, re-admission, selection, exclusion
+        self.membership = Membership(cfg.seed, task.data.num_classes)
+        #: sending, receiving, metering (its dispatcher is made after the handshake)
+        self.exchange = Exchange(clock, self._duration, self.validate_reply, self._exclude)
         self._checker: ReplyChecker | None = None
         self.rows: list[dict[str, Any]] = []
         self.best_accuracy = float("nan")
         self.status = "running"
-        self._draws: dict[int, int] = defaultdict(int)
         #: wall seconds spent evaluating inside run() (excluded from ``server_compute_s``)
         self.eval_seconds = 0.0
         #: the initial evaluation, made by :meth:`prepare` during the handshake, until recorded
         self._early_evaluation: tuple[float, float, dict[str, float]] | None = None
         self.run_seconds = 0.0
-        #: replies to earlier requests that a later gather received (see :meth:`gather_replies`)
-        self.stray_replies: list[Reply] = []
         self.costs = BlockCosts(task.profiles, cfg.batch_parallel)
+        #: typed configs to timed requests (:mod:`strategies.requests`)
+        self.requests = RequestBuilder(self.costs, task.cut_layer)
         self._wall0 = time.monotonic()
         self._bar: Any = None
-        self.dispatcher: Dispatcher | None = None
         #: where :meth:`maybe_checkpoint` writes (set by the runner when ``checkpoint-every`` > 0)
         self.checkpoint_path: Path | None = None
         #: the checkpoint :meth:`start` resumes from instead of starting afresh (set by the runner)
@@ -156,13 +162,10 @@ class SFLStrategy(Strategy):
         #: global iteration of the last checkpoint written or resumed from
         self._checkpointed = 0
         self._resumed = False
-        #: wall clock (monotonic s) of :meth:`readmit`'s last look, and the nodes it asked and refused
-        self._readmit_looked = 0.0
-        self._readmit_refused: set[int] = set()
         self._run_start = 0.0
 
     # ------------------------------------------------------------------ Flower API
-    # Flower's per-round API is not used: start() runs the strategy's own loop.
+    # Flower's per-round API is not used: start() runs the strategy's own loop (see the module docstring).
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """Unused: sflower strategies run their own loop in :meth:`start`."""
         raise NotImplementedError("sflower strategies run their own event loop in start()")
@@ -309,79 +312,18 @@ class SFLStrategy(Strategy):
             self._early_evaluation = self.evaluate_global(full=False)
             self.eval_seconds += time.perf_counter() - t0
 
-    # ------------------------------------------------------------------ handshake
+    # ------------------------------------------------------------------ membership (delegated)
+    clients = property(lambda self: self.membership.clients, lambda self, v: setattr(self.membership, "clients", v),
+                       doc="Partition id -> :class:`ClientInfo` of every client the handshake registered.")
+    failed = property(lambda self: self.membership.failed, doc="Partition ids excluded after a failure.")
+    failure_reasons = property(lambda self: self.membership.failure_reasons,
+                               doc="Partition id -> ``\"action: reason\"`` of each excluded client.")
+    readmit_every_s = 5.0  # kept in step with Membership.readmit_every_s by readmit()
+
     def connect(self, grid: Grid, timeout: float, meanwhile: Callable[[], None] | None = None) -> None:
-        """Wait for ``num-clients`` nodes, handshake, and map node ids to partitions.
-
-        A node that reports a negative partition id (device-local data and no
-        ``partition-id`` in its node_config) is assigned one of the ids no
-        node claimed, in node-id order, by a second ``query.info`` whose
-        ``info`` record carries it. Nodes beyond ``num-clients`` are left out
-        with a warning.
-
-        With ``min-clients`` > 0 the wait for all ``num-clients`` nodes ends
-        after ``join-timeout`` seconds (0: ``timeout``), and the run starts
-        with the nodes present if they are at least ``min-clients``; the
-        partitions no node holds take no part (``failure_reasons`` says so).
-
-        ``meanwhile`` (e.g. :meth:`prepare`) runs once the ``query.info``
-        requests are sent, before their replies are read.
-
-        Raises:
-            RunFailedError: too few nodes within ``timeout`` seconds, or a
-                node's handshake failed or is malformed, or two nodes claim
-                one partition, or a partition has no node (and fewer than
-                ``min-clients`` nodes joined).
-        """
-        need = self.cfg.num_clients
-        least = self.cfg.min_clients or need  # min-clients: start with fewer nodes after join-timeout
-        wait = self.cfg.join_timeout or timeout
-        t0 = time.monotonic()
-        node_ids = list(grid.get_node_ids())
-        warned = False
-        while len(node_ids) < need:
-            if not warned and time.monotonic() - t0 > 10:
-                log.warning("waiting for %d nodes, %d connected (num-supernodes must equal num-clients)",
-                            need, len(node_ids))
-                warned = True
-            if time.monotonic() - t0 > wait:
-                if len(node_ids) >= least:
-                    log.warning("starting with %d of %d nodes after %g s (min-clients=%d)",
-                                len(node_ids), need, wait, least)
-                    break
-                raise RunFailedError(f"only {len(node_ids)} of {need} nodes connected after {wait:.0f} s")
-            time.sleep(0.2)
-            node_ids = list(grid.get_node_ids())
-        unassigned: list[int] = []
-        for nid, info in self._handshake(grid, self._task_contents(node_ids), t0, timeout, meanwhile):
-            if int(info[P.INFO_PARTITION_ID]) < 0:  # device-local data and no partition-id: assign one below
-                unassigned.append(nid)
-            else:
-                self._register(nid, info)
-        if unassigned:
-            # Partition ids the nodes did not claim go to the nodes without one, in node-id order; the
-            # node keeps its id in its context.state for the rest of the run (fl_app.client_app._partition_id).
-            free = [p for p in range(need) if p not in self.clients]
-            unassigned.sort()
-            for nid in unassigned[len(free):]:
-                log.warning("node %d left out: all %d partition ids are taken", nid, need)
-            assigned = dict(zip(unassigned, free))
-            contents = self._task_contents(assigned)
-            for nid, pid in assigned.items():
-                contents[nid][P.INFO] = ConfigRecord({P.INFO_PARTITION_ID: pid})
-            for nid, info in self._handshake(grid, contents, t0, timeout):
-                if int(info[P.INFO_PARTITION_ID]) != assigned[nid]:
-                    raise RunFailedError(f"node {nid} did not take partition id {assigned[nid]} "
-                                         f"(it replied {info[P.INFO_PARTITION_ID]})")
-                self._register(nid, info)
-                log.info("node %d holds its own data: partition id %d assigned", nid, assigned[nid])
-        missing = sorted(set(range(need)) - set(self.clients))
-        if missing and len(self.clients) < least:
-            raise RunFailedError(f"no node holds partitions {missing}")
-        for p in missing:  # fewer nodes than num-clients (min-clients): these partitions take no part
-            self.failure_reasons[p] = "query.info: no node joined"
-        if missing:
-            log.warning("no node holds partitions %s; the run goes on with %d clients", missing, len(self.clients))
+        """The handshake (:meth:`Membership.connect <strategies.membership.Membership.connect>`), then the
+        dispatcher for the registered clients' nodes."""
+        self.membership.connect(grid, self.cfg, timeout, meanwhile)
         self.dispatcher = self._new_dispatcher(grid)
 
     def _new_dispatcher(self, grid: Grid) -> Dispatcher:
@@ -389,143 +331,24 @@ class SFLStrategy(Strategy):
         return Dispatcher(grid, self.clock, {p: c.node_id for p, c in self.clients.items()},
                           timeout=self.cfg.node_timeout)
 
-    def _task_contents(self, node_ids: Iterable[int]) -> dict[int, RecordDict]:
-        """The ``query.info`` content for each of ``node_ids``: the run's configuration (the task)."""
-        task_record = ConfigRecord(self.cfg.as_dict())
-        return {nid: RecordDict({P.TASK: task_record}) for nid in node_ids}
-
-    @staticmethod
-    def _handshake(grid: Grid, contents: Mapping[int, RecordDict], t0: float, timeout: float,
-                   meanwhile: Callable[[], None] | None = None) -> list[tuple[int, ConfigRecord]]:
-        """Send ``query.info`` with ``contents[node_id]`` to each node; ``(node id, info record)`` per reply.
-
-        ``meanwhile`` runs after the requests are sent, before the replies
-        are read (a reply that has arrived by then is never late).
-
-        Raises:
-            RunFailedError: a node answered with an error or without an info
-                record, or not all answered by ``t0 + timeout`` (monotonic s).
-        """
-        msgs = [Message(content, nid, P.QUERY_INFO) for nid, content in contents.items()]
-        ids = set(grid.push_messages(msgs))
-        if meanwhile is not None:
-            meanwhile()
-        replies: list[Message] = []
-        while ids:
-            got = list(grid.pull_messages(list(ids)))
-            for r in got:
-                ids.discard(r.metadata.reply_to_message_id)
-            replies.extend(got)
-            if ids and time.monotonic() - t0 > timeout:  # a reply that has arrived is never late
-                raise RunFailedError(f"{len(ids)} nodes did not answer the handshake within {timeout:g} s")
-            if ids:
-                time.sleep(0.01)
-        out = []
-        for reply in replies:
-            nid = reply.metadata.src_node_id
-            if reply.has_error():
-                raise RunFailedError(f"handshake failed on node {nid}: {_last_line(reply.error.reason)}")
-            info = reply.content.get(P.INFO)
-            if not isinstance(info, ConfigRecord) or P.INFO_PARTITION_ID not in info:
-                raise RunFailedError(f"handshake failed on node {nid}: the reply has no {P.INFO}/{P.INFO_PARTITION_ID}")
-            out.append((nid, info))
-        return out
-
-    def _register(self, nid: int, info: ConfigRecord) -> None:
-        """Record a node's handshake (partition id, size, label histogram) after checking it.
-
-        Raises:
-            RunFailedError: the partition is taken, or the size or the
-                histogram is malformed (wrong length, negative, sum != size).
-        """
-        pid = int(info[P.INFO_PARTITION_ID])
-        if pid in self.clients:
-            raise RunFailedError(f"nodes {self.clients[pid].node_id} and {nid} both hold partition {pid}")
-        try:
-            size = info[P.INFO_NUM_EXAMPLES]
-            hist = np.asarray(info[P.INFO_LABEL_HISTOGRAM], dtype=np.int64)
-        except (KeyError, TypeError, ValueError) as err:
-            raise RunFailedError(f"malformed handshake from node {nid}: {type(err).__name__}: {err}") from None
-        classes = self.task.data.num_classes
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise RunFailedError(f"malformed handshake from node {nid}: {size!r} examples")
-        if hist.shape != (classes,) or (hist < 0).any() or int(hist.sum()) != size:
-            raise RunFailedError(f"malformed handshake from node {nid}: label histogram of {hist.size} "
-                                 f"counts summing to {int(hist.sum())}, expected {classes} summing to {size}")
-        self.clients[pid] = ClientInfo(pid, nid, int(size), hist)
-
-    #: wall seconds between two looks for excluded SuperNodes that came back (:meth:`readmit`)
-    readmit_every_s: ClassVar[float] = 5.0
-
     def readmit(self) -> list[int]:
-        """Re-admit excluded clients whose SuperNode came back, after a fresh handshake (wall clock only).
-
-        A client excluded because the SuperLink reported its node unavailable
-        (the SuperNode died: no heartbeat) is handshaken again once a node is
-        online that no live client uses: its old node id (a SuperNode restarted
-        with the same key keeps its id) or a new one. A node that replies with
-        that partition id, the same size and the same label histogram takes the
-        partition again, and ``failure_reasons`` notes it. Other exclusions
-        (malformed or non-finite replies, ClientApp errors, timeouts) are final:
-        their nodes are not asked, nor is a node that answered and was refused.
-        Does nothing on the virtual clock, so simulated runs are unchanged. Looks
-        at most every :attr:`readmit_every_s` seconds; a failed handshake is
-        logged and skipped.
-
-        Returns:
-            the partition ids re-admitted.
-        """
-        if self.cfg.clock != "wall" or self.dispatcher is None:
+        """Re-admit excluded clients whose SuperNode came back (wall clock only; see
+        :meth:`Membership.readmit <strategies.membership.Membership.readmit>`); their messages go to the new node."""
+        if self.dispatcher is None:
             return []
-        gone = [p for p in sorted(self.failed) if "node unavailable" in self.failure_reasons.get(p, "").lower()]
-        if not gone or time.monotonic() - self._readmit_looked < self.readmit_every_s:
-            return []
-        self._readmit_looked = time.monotonic()
-        grid = self.dispatcher.grid
-        # the nodes of live clients and of clients excluded for good are never asked; nor is a node once refused
-        taken = {c.node_id for p, c in self.clients.items() if p not in gone} | self._readmit_refused
-        fresh = [n for n in grid.get_node_ids() if n not in taken]
-        if not fresh:
-            return []
-        try:
-            answers = self._handshake(grid, self._task_contents(fresh), time.monotonic(),
-                                      min(self.cfg.node_timeout, 120.0))
-        except RunFailedError as err:
-            log.warning("re-admission handshake failed (%s); will look again", err)
-            return []
-        back = []
-        for nid, info in answers:
-            pid = int(info[P.INFO_PARTITION_ID])
-            old = self.clients.get(pid)
-            if pid not in gone or old is None or pid in back:
-                self._readmit_refused.add(nid)
-                continue
-            hist = np.asarray(info.get(P.INFO_LABEL_HISTOGRAM, []), dtype=np.int64)
-            if info.get(P.INFO_NUM_EXAMPLES) != old.num_examples or not np.array_equal(hist, old.label_histogram):
-                log.warning("node %d claims partition %d with other data; not re-admitted", nid, pid)
-                self._readmit_refused.add(nid)
-                continue
-            self.clients[pid] = ClientInfo(pid, nid, old.num_examples, old.label_histogram)
-            self.dispatcher.node_of[pid] = nid
-            self.failed.discard(pid)
-            self.failure_reasons[pid] += "; re-admitted after a fresh handshake"
-            back.append(pid)
-            log.warning("client %d is back (node %d): re-admitted after a fresh handshake", pid, nid)
+        self.membership.readmit_every_s = self.readmit_every_s
+        back = self.membership.readmit(self.dispatcher.grid, self.cfg)
+        for pid in back:
+            self.dispatcher.node_of[pid] = self.clients[pid].node_id
         return back
 
-    # ------------------------------------------------------------------ selection
     def live_clients(self) -> list[int]:
         """Partition ids not excluded after a failure, ascending."""
-        return [p for p in sorted(self.clients) if p not in self.failed]
+        return self.membership.live_clients()
 
     def select(self, k: int, exclude: Iterable[int] = ()) -> list[int]:
         """Draw up to ``k`` distinct live clients uniformly (seeded), excluding some."""
-        skip = set(exclude)
-        pool = [p for p in self.live_clients() if p not in skip]
-        k = min(k, len(pool))
-        if k == 0:
-            return []
-        return [int(pool[i]) for i in self.rng.choice(len(pool), size=k, replace=False)]
+        return self.membership.select(k, exclude)
 
     def local_steps(self, pid: int, batch: int | None = None) -> int:
         """Client ``pid``'s local iterations in one local round (E).
@@ -555,23 +378,36 @@ class SFLStrategy(Strategy):
         """Weight of a client's model in averaging: ``|D_k|`` (GAS eq. 10), or 1 with ``aggregation=uniform``."""
         return 1.0 if self.cfg.aggregation == "uniform" else float(self.clients[pid].num_examples)
 
-    # ------------------------------------------------------------------ messaging
+    # ------------------------------------------------------------------ exchange (delegated)
+    dispatcher = property(lambda self: self.exchange.dispatcher,
+                          lambda self, v: setattr(self.exchange, "dispatcher", v),
+                          doc="The :class:`~strategies.dispatcher.Dispatcher` (None before the handshake).")
+    bytes_up = property(lambda self: self.exchange.bytes_up, doc="Metered reply payload so far (bytes).")
+    bytes_down = property(lambda self: self.exchange.bytes_down, doc="Request payload so far (bytes).")
+    stray_replies = property(lambda self: self.exchange.stray_replies,
+                             doc="Replies to earlier requests that a later gather received.")
+
     def send(self, pid: int, request: Request) -> Pending:
-        """Send work to a client; it is due after its device's compute + transfer time.
+        """Send work to a client (:meth:`Exchange.send <strategies.exchange.Exchange.send>`)."""
+        return self.exchange.send(pid, request)
 
-        The duration comes from the timing model: ``request.flops`` of
-        compute, ``request.bits_up`` of upload and ``request.bits_down`` (by
-        default the content's array payload) of download. Requests to a busy
-        client queue behind its earlier ones (one message in flight per node).
+    def receive(self, until: float | None = None) -> Reply | None:
+        """The next reply in clock order (:meth:`Exchange.receive <strategies.exchange.Exchange.receive>`)."""
+        return self.exchange.receive(until)
 
-        Returns:
-            the dispatcher's :class:`~strategies.dispatcher.Pending` entry.
-        """
-        assert self.dispatcher is not None
-        self.bytes_down += request.payload_bytes
-        draw = self._draws[pid]
-        self._draws[pid] += 1
-        return self.dispatcher.send(pid, request, self._duration(pid, request, draw))
+    def gather_replies(self, requests: Iterable[tuple[int, Request]], **kwargs: Any) -> list[Reply]:
+        """Send requests and wait for their replies (:meth:`Exchange.gather_replies
+        <strategies.exchange.Exchange.gather_replies>`: ``first``, ``deadline``, ``rest``)."""
+        return self.exchange.gather_replies(requests, **kwargs)
+
+    def gather(self, requests: Mapping[int, Request], **kwargs: Any) -> dict[int, RecordDict]:
+        """One request per client, then wait: ``pid -> reply content`` (:meth:`Exchange.gather
+        <strategies.exchange.Exchange.gather>`)."""
+        return self.exchange.gather(requests, **kwargs)
+
+    def cancel(self, pid: int) -> int:
+        """Cancel every scheduled request of client ``pid``; returns how many."""
+        return self.exchange.cancel(pid)
 
     def expected_duration(self, pid: int, request: Request) -> float:
         """Seconds the timing model expects ``request`` to take on client ``pid``.
@@ -590,42 +426,6 @@ class SFLStrategy(Strategy):
             seconds += self.timing.link_duration(request.d2d_bits, self.d2d_bps)
         return seconds
 
-    def receive(self, until: float | None = None) -> Reply | None:
-        """The next reply in clock order (see :meth:`Dispatcher.next_reply`).
-
-        A failed client (error reply, timeout, or a reply that
-        :meth:`validate_reply` rejects) gives a :class:`Reply` with
-        ``content=None``; the client is then excluded (one warning line in the
-        log), its other requests are cancelled, and :meth:`on_failure` is
-        called.
-
-        Raises:
-            DivergedError: the last live client was excluded and every
-                exclusion was for non-finite values.
-            RunFailedError: the last live client was excluded otherwise.
-
-        Args:
-            until: return None instead of a reply due after this clock time.
-        """
-        assert self.dispatcher is not None
-        got = self.dispatcher.next_reply(until)
-        if got is None:
-            return None
-        pending, reply = got
-        pid = pending.partition_id
-        if reply is None or reply.has_error():
-            reason = "timed out" if reply is None else _last_line(reply.error.reason)
-            log.warning("client %d failed on %s (%s); excluded from the run", pid, pending.action, reason)
-            return self._exclude(pending, reason)
-        problem = self.validate_reply(pid, pending.request, reply.content)
-        if problem is not None:
-            log.warning("client %d sent a malformed reply to %s (%s); excluded from the run",
-                        pid, pending.action, problem.reason)
-            return self._exclude(pending, f"malformed reply: {problem.reason}", problem.non_finite)
-        if pending.request.metered:
-            self.bytes_up += sum(P.record_bytes(r) for r in P.array_records(reply.content).values())
-        return Reply(pid, pending.request, reply.content, pending.due, pending.seq)
-
     def _exclude(self, pending: Pending, reason: str, non_finite: bool = False) -> Reply:
         """Exclude a failed client: cancel its work, call :meth:`on_failure`, return an empty reply.
 
@@ -636,16 +436,10 @@ class SFLStrategy(Strategy):
         """
         assert self.dispatcher is not None
         pid = pending.partition_id
-        self.failed.add(pid)
-        self.failure_reasons[pid] = f"{pending.action}: {reason}"
-        if non_finite:
-            self._non_finite.add(pid)
+        self.membership.exclude(pid, f"{pending.action}: {reason}", non_finite)
         self.dispatcher.cancel(pid)
         self.on_failure(pid, pending.action, reason)
-        if not self.live_clients():
-            if self.failed <= self._non_finite:
-                raise DivergedError(f"every client sent non-finite values (last: client {pid}, {reason})")
-            raise RunFailedError("every client has failed")
+        self.membership.check_any_left(pid, reason)
         return Reply(pid, pending.request, None, pending.due, pending.seq)
 
     def validate_reply(self, pid: int, request: Request, content: RecordDict) -> ReplyProblem | None:
@@ -663,64 +457,6 @@ class SFLStrategy(Strategy):
         info = self.clients.get(pid)
         return self._checker.problem(request, content, info.num_examples if info is not None else None)
 
-    def gather_replies(self, requests: Iterable[tuple[int, Request]], *, first: int | None = None,
-                       deadline: float | None = None, rest: str = "keep") -> list[Reply]:
-        """Send requests and wait for their replies, in clock order.
-
-        Several requests may go to one client: they queue (see :meth:`send`).
-
-        Args:
-            requests: ``(pid, request)`` pairs, sent in this order.
-            first: return once this many have succeeded (the first ``first``
-                in virtual completion order).
-            deadline: a clock time (s): stop waiting for replies due after it;
-                the clock then moves to the deadline (a straggler cut-off).
-            rest: what happens to requests still scheduled on return:
-                ``"keep"`` (their replies come later, through :meth:`receive`
-                or as :attr:`stray_replies` of a later gather) or ``"cancel"``.
-
-        Returns:
-            the successful replies, in the order they were handled. Replies to
-            earlier requests that arrive meanwhile go to :attr:`stray_replies`.
-
-        Raises:
-            ValueError: ``rest`` is neither ``"keep"`` nor ``"cancel"``.
-        """
-        if rest not in ("keep", "cancel"):
-            raise ValueError(f"rest must be 'keep' or 'cancel', got {rest!r}")
-        assert self.dispatcher is not None
-        mine = [self.send(pid, req) for pid, req in requests]
-        seqs = {p.seq for p in mine}
-        out: list[Reply] = []
-        while any(p.state == SCHEDULED for p in mine) and (first is None or len(out) < first):
-            reply = self.receive(until=deadline)
-            if reply is None:
-                self.clock.advance_to(deadline)
-                break
-            if reply.seq not in seqs:
-                self.stray_replies.append(reply)
-            elif reply.ok:
-                out.append(reply)
-        if rest == "cancel":
-            for pending in mine:
-                self.dispatcher.cancel_pending(pending)
-        return out
-
-    def gather(self, requests: Mapping[int, Request], **kwargs: Any) -> dict[int, RecordDict]:
-        """One request per client, then wait (a synchronous step); see :meth:`gather_replies`.
-
-        Returns:
-            ``pid -> reply content`` for the clients that succeeded. The clock
-            ends at the latest due time among those waited for.
-        """
-        return {r.pid: r.content for r in self.gather_replies(requests.items(), **kwargs)}
-
-    def cancel(self, pid: int) -> int:
-        """Cancel every scheduled request of client ``pid``; returns how many."""
-        assert self.dispatcher is not None
-        return len(self.dispatcher.cancel(pid))
-
-    # ------------------------------------------------------------------ evaluation
     def evaluation_models(self) -> Mapping[Any, BlockModel] | None:
         """Per-client full models to evaluate instead of :meth:`global_model`.
 
@@ -731,33 +467,12 @@ class SFLStrategy(Strategy):
         return None
 
     def evaluate_global(self, full: bool = True) -> tuple[float, float, dict[str, float]]:
-        """Test loss and accuracy of :meth:`global_model`, or of :meth:`evaluation_models`.
-
-        With ``full=False`` and ``eval-samples`` > 0, only the first
-        ``eval-samples`` test images are used (a cheaper intermediate estimate).
-
-        Returns:
-            ``(loss, accuracy, extra columns)``. With per-client models, loss
-            and accuracy are the means over clients, and the extra columns
-            hold ``client_accuracy_mean/min/max``.
-        """
-        limit = 0 if full else self.cfg.eval_samples
-
-        def evaluate(model: BlockModel) -> tuple[float, float]:
-            if model_device(model) != self.device:  # e.g. an FL model, aggregated on the CPU
-                model = copy.deepcopy(model).to(self.device)
-            batches = self.task.data.test_batches()
-            loss, acc, _ = evaluate_model(model, _take(batches, limit) if limit else batches)
-            return loss, acc
-
+        """Test loss and accuracy of :meth:`global_model`, or of :meth:`evaluation_models`
+        (:func:`strategies.evaluation.evaluate_models`); with ``full=False`` and ``eval-samples`` > 0,
+        only the first ``eval-samples`` test images (a cheaper intermediate estimate)."""
         models = self.evaluation_models()
-        if models is None:
-            return (*evaluate(self.global_model()), {})
-        results = np.array([evaluate(m) for m in models.values()], dtype=np.float64)
-        accs = results[:, 1]
-        extra = {"client_accuracy_mean": float(accs.mean()), "client_accuracy_min": float(accs.min()),
-                 "client_accuracy_max": float(accs.max())}
-        return float(results[:, 0].mean()), float(accs.mean()), extra
+        return evaluate_models(self.global_model() if models is None else None, models, self.device,
+                               self.task.data.test_batches, 0 if full else self.cfg.eval_samples)
 
     def evaluate_and_record(self, final: bool = False) -> dict[str, Any]:
         """Evaluate (on the full test set when ``final``), append a metric row, update progress."""
@@ -812,11 +527,8 @@ class SFLStrategy(Strategy):
             return True
         return False
 
-    @staticmethod
-    def check_loss(loss: torch.Tensor, where: str) -> None:
-        """Raise :class:`DivergedError` when a training loss is not finite."""
-        if not torch.isfinite(loss).all():
-            raise DivergedError(f"non-finite training loss ({float(loss)}) in {where}")
+    #: Raise :class:`DivergedError` when a training loss is not finite (:func:`strategies.errors.check_loss`).
+    check_loss = staticmethod(check_loss)
 
     def summary_dict(self) -> dict[str, Any]:
         """The summary.json content."""
@@ -848,9 +560,10 @@ class SFLStrategy(Strategy):
 
     # ------------------------------------------------------------------ checkpoints
     #: Attributes that are not server state: the run's environment (the resumed run brings its own),
-    #: wall-clock bookkeeping (saved as elapsed seconds), and the dispatcher (saved by its own state_dict).
+    #: wall-clock bookkeeping (saved as elapsed seconds). The exchange leaves out its dispatcher (saved by its
+    #: own state_dict).
     NOT_CHECKPOINTED: ClassVar[frozenset[str]] = frozenset({
-        "cfg", "task", "clock", "timing", "recorder", "progress", "costs", "dispatcher", "_bar", "_checker",
+        "cfg", "task", "clock", "timing", "recorder", "progress", "costs", "requests", "_bar", "_checker",
         "_wall0", "_run_start", "checkpoint_path", "resume_from", "_resumed",
     })
 
@@ -894,41 +607,28 @@ class SFLStrategy(Strategy):
 
     def _environment(self, grid: Grid) -> dict[str, Any]:
         """The run's objects that a checkpoint refers to by name instead of writing them (see :mod:`strategies.checkpoint`)."""
-        env = {"strategy": self, "cfg": self.cfg, "task": self.task, "clock": self.clock, "timing": self.timing,
-               "recorder": self.recorder, "costs": self.costs, "grid": grid}
-        env.update({f"task.{k}": v for k, v in vars(self.task).items()
-                    if not isinstance(v, (bool, int, float, str, bytes, type(None)))})
-        return {k: v for k, v in env.items() if v is not None}
+        return ckpt.environment({"strategy": self, "cfg": self.cfg, "task": self.task, "clock": self.clock,
+                                 "timing": self.timing, "recorder": self.recorder, "costs": self.costs,
+                                 "grid": grid}, self.task)
 
     def write_checkpoint(self, path: str | Path) -> None:
-        """Write the server state to ``path`` (atomically; see :mod:`strategies.checkpoint`).
-
-        Saved: :meth:`checkpoint_state`, the dispatcher's pending work, the
-        engine's client state (``grid.checkpoint_state()``), the clock, the
-        process RNG states and the wall seconds so far.
+        """Write the server state to ``path`` (atomically; :func:`strategies.checkpoint.save_run`):
+        :meth:`checkpoint_state`, the dispatcher's pending work, the engine's client state, the clock,
+        the RNG states and the wall seconds so far.
 
         Raises:
-            CheckpointError: the grid cannot save its clients' state (their
-                state lives on the nodes: Ray, deployment).
+            CheckpointError: the grid cannot save its clients' state (Ray, deployment).
         """
         assert self.dispatcher is not None
         grid = self.dispatcher.grid
         if not hasattr(grid, "checkpoint_state"):
             raise ckpt.CheckpointError(CHECKPOINT_UNSUPPORTED)
         self._checkpointed = self.global_iteration
-        state = {
-            "strategy": self.checkpoint_state(),
-            "dispatcher": self.dispatcher.state_dict(),
-            "grid": grid.checkpoint_state(),
-            "clock": self.clock.now(),
-            "rng": ckpt.rng_state(),
-            "wall_s": time.monotonic() - self._wall0,
-            "run_s": time.perf_counter() - self._run_start,
-        }
-        data = ckpt.dumps(state, self._environment(grid))
         meta = {"strategy": self.name, "config": self.cfg.as_dict(), "global_iteration": self.global_iteration,
                 "rows": len(self.rows), "virtual_time_s": self.clock.now()}
-        ckpt.write(path, meta, data)
+        ckpt.save_run(path, grid, self.checkpoint_state(), self.dispatcher.state_dict(), self.clock.now(),
+                      (time.monotonic() - self._wall0, time.perf_counter() - self._run_start),
+                      self._environment(grid), meta)
         log.info("checkpoint at global iteration %d -> %s", self.global_iteration, path)
 
     def restore_checkpoint(self, grid: Grid, path: str | Path) -> None:
@@ -940,29 +640,11 @@ class SFLStrategy(Strategy):
         by then (``recorder.resume(rows)``).
 
         Raises:
-            CheckpointError: unreadable file, another strategy or
-                configuration (``checkpoint-every`` and ``output-dir`` may
-                differ), or a grid that cannot restore client state.
+            CheckpointError: unreadable file, another strategy or configuration
+                (``checkpoint-every`` and ``output-dir`` may differ), or a grid
+                that cannot restore client state (:func:`strategies.checkpoint.load_run`).
         """
-        meta, data = ckpt.read(path)
-        if meta.get("strategy") != self.name:
-            raise ckpt.CheckpointError(f"{path} is a checkpoint of strategy '{meta.get('strategy')}', not '{self.name}'")
-        mine, theirs = self.cfg.as_dict(), dict(meta.get("config", {}))
-        # a key newer than the checkpoint had its default then: it does not differ if it has it now
-        theirs = {**{k: v for k, v in DEFAULTS.items() if k in mine}, **theirs}
-        diff = sorted(k for k in set(mine) | set(theirs)
-                      if k not in ("checkpoint-every", "output-dir") and mine.get(k) != theirs.get(k))
-        if diff:
-            k = diff[0]
-            raise ckpt.CheckpointError(f"configuration differs from the checkpoint's: {k}={mine.get(k)!r} "
-                                       f"(checkpoint: {theirs.get(k)!r})" + (f" and {len(diff) - 1} more" if len(diff) > 1 else ""))
-        if not hasattr(grid, "restore_checkpoint_state"):
-            raise ckpt.CheckpointError(CHECKPOINT_UNSUPPORTED)
-        state = ckpt.loads(data, self._environment(grid))
-        try:
-            grid.restore_checkpoint_state(state["grid"])
-        except ValueError as err:
-            raise ckpt.CheckpointError(f"{path}: {err}") from None
+        state = ckpt.load_run(path, self.name, self.cfg.as_dict(), grid, self._environment(grid), DEFAULTS)
         self.load_checkpoint_state(state["strategy"])
         self.dispatcher = self._new_dispatcher(grid)
         self.dispatcher.load_state_dict(state["dispatcher"])
@@ -990,22 +672,6 @@ class SFLStrategy(Strategy):
             self._bar = None
 
 
-def _last_line(text: str) -> str:
-    """The last non-empty line of an error reason (a traceback's final line)."""
-    lines = [line for line in str(text).strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "(no reason given)"
-
-
-def _take(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], limit: int) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
-    """The first ``limit`` examples of a stream of ``(x, y)`` batches."""
-    left = limit
-    for x, y in batches:
-        if left <= 0:
-            return
-        yield x[:left], y[:left]
-        left -= int(y.shape[0])
-
-
 class SyncStrategy(SFLStrategy):
     """Synchronous strategies: select a cohort, run a round, repeat."""
 
@@ -1013,11 +679,15 @@ class SyncStrategy(SFLStrategy):
         """Rounds until a stop condition holds."""
         while not self.should_stop():
             self.between_rounds()
-            cohort = self.select(self.cfg.concurrency)
+            cohort = self.next_cohort()
             if not cohort:
                 raise RunFailedError("no live clients left to select")
             self.run_round(cohort)
             self.end_global_iteration()
+
+    def next_cohort(self) -> list[int]:
+        """Hook: the clients of the next round: ``concurrency`` live clients drawn uniformly (seeded)."""
+        return self.select(self.cfg.concurrency)
 
     def run_round(self, cohort: list[int]) -> None:
         """One global iteration with ``cohort`` (partition ids)."""

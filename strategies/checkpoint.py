@@ -41,8 +41,8 @@ CHECKPOINT_FILE = "checkpoint.pt"
 #: Version of the file layout; a file of another version is refused.
 FORMAT = 1
 
-__all__ = ["CHECKPOINT_FILE", "FORMAT", "CheckpointError", "dumps", "loads", "write", "read", "read_meta",
-           "rng_state", "set_rng_state"]
+__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_UNSUPPORTED", "FORMAT", "CheckpointError", "dumps", "loads", "write",
+           "read", "read_meta", "rng_state", "set_rng_state", "environment", "save_run", "load_run"]
 
 
 class CheckpointError(ConfigError):
@@ -161,3 +161,66 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+
+
+#: Why checkpoints need the in-process engine (one line, for errors).
+CHECKPOINT_UNSUPPORTED = ("checkpoint-every and resume need the in-process engine (engine=inprocess): under Ray "
+                          "and in deployment the clients' state lives on the nodes, out of the server's reach")
+
+
+def environment(named: Mapping[str, Any], task: Any) -> dict[str, Any]:
+    """The run's objects that a checkpoint refers to by name instead of writing them: ``named``
+    (name -> object; None values left out) and the task's non-scalar attributes as ``task.<name>``."""
+    env = dict(named)
+    env.update({f"task.{k}": v for k, v in vars(task).items()
+                if not isinstance(v, (bool, int, float, str, bytes, type(None)))})
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def save_run(path: str | Path, grid: Any, strategy: Any, dispatcher: Any, clock: float, seconds: tuple[float, float],
+             env: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+    """Write a run's checkpoint: the strategy's state, the dispatcher's, the grid's client state, the clock,
+    the process RNG states and the ``(wall, run)`` seconds so far, with ``env``'s objects as references
+    (:func:`dumps`, :func:`write`).
+
+    Raises:
+        CheckpointError: the grid cannot save its clients' state (Ray, deployment).
+    """
+    if not hasattr(grid, "checkpoint_state"):
+        raise CheckpointError(CHECKPOINT_UNSUPPORTED)
+    state = {"strategy": strategy, "dispatcher": dispatcher, "grid": grid.checkpoint_state(), "clock": clock,
+             "rng": rng_state(), "wall_s": seconds[0], "run_s": seconds[1]}
+    write(path, meta, dumps(state, env))
+
+
+def load_run(path: str | Path, name: str, config: Mapping[str, Any], grid: Any,
+             env: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Read a checkpoint of strategy ``name`` and run configuration ``config`` and restore the grid's
+    client state; the saved state (see :func:`save_run`).
+
+    A key newer than the checkpoint had its default (in ``defaults``) then; ``checkpoint-every`` and
+    ``output-dir`` may differ.
+
+    Raises:
+        CheckpointError: unreadable file, another strategy or configuration, or a grid that cannot
+            restore client state.
+    """
+    meta, data = read(path)
+    if meta.get("strategy") != name:
+        raise CheckpointError(f"{path} is a checkpoint of strategy '{meta.get('strategy')}', not '{name}'")
+    mine, theirs = dict(config), dict(meta.get("config", {}))
+    theirs = {**{k: v for k, v in defaults.items() if k in mine}, **theirs}
+    diff = sorted(k for k in set(mine) | set(theirs)
+                  if k not in ("checkpoint-every", "output-dir") and mine.get(k) != theirs.get(k))
+    if diff:
+        k = diff[0]
+        raise CheckpointError(f"configuration differs from the checkpoint's: {k}={mine.get(k)!r} "
+                              f"(checkpoint: {theirs.get(k)!r})" + (f" and {len(diff) - 1} more" if len(diff) > 1 else ""))
+    if not hasattr(grid, "restore_checkpoint_state"):
+        raise CheckpointError(CHECKPOINT_UNSUPPORTED)
+    state = loads(data, env)
+    try:
+        grid.restore_checkpoint_state(state["grid"])
+    except ValueError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+    return state

@@ -9,7 +9,7 @@ pure functions of :mod:`strategies.aggregation`.
 from __future__ import annotations
 
 import torch
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord
 
 from fl_app import protocol as P
 from fl_app.models import BlockModel
@@ -25,6 +25,7 @@ from strategies.aggregation import (
 from strategies.base import AsyncStrategy, SFLStrategy, SyncStrategy
 from strategies.dispatcher import Reply, Request
 from strategies.registry import register
+from strategies.requests import optimizer_settings
 
 
 class FullModelMixin(SFLStrategy):
@@ -45,14 +46,9 @@ class FullModelMixin(SFLStrategy):
         """``train.fit``: E local iterations (:meth:`local_steps` of ``pid``) from ``weights`` (encoded once
         by the caller); timed as E·B forward+backward passes."""
         c = self.cfg
-        n = self.costs.num_blocks
-        steps = self.local_steps(pid)
-        flops = steps * (self.costs.flops(0, n, c.batch_size, forward=True, backward=True))
-        config = P.FitConfig(local_iterations=steps, batch_size=c.batch_size, lr=c.client_lr or c.lr,
-                             momentum=c.momentum, weight_decay=c.weight_decay, clip_norm=c.clip_norm,
-                             optimizer=c.optimizer)
-        content = RecordDict({P.WEIGHTS: weights, P.CONFIG: config.to_record()})
-        return Request(P.TRAIN_FIT, content, flops, self.costs.param_bits(0, n))
+        config = P.FitConfig(local_iterations=self.local_steps(pid), batch_size=c.batch_size,
+                             **optimizer_settings(c, c.client_lr or c.lr))
+        return self.requests.fit(config, weights)
 
 
 @register

@@ -46,9 +46,9 @@ import numpy as np
 import torch
 
 from fl_app.config import Option
-from fl_app.training import clip_and_step
-from strategies.base import SFLStrategy
+from strategies.errors import check_loss
 from strategies.psl import PSL, per_client_losses
+from strategies.server_step import optimizer_step, set_gradient
 from strategies.registry import register
 
 #: Seed stream of the Rand-LGI / Rand-GDA ablations.
@@ -221,7 +221,7 @@ class GAPSL(PSL):
         c = self.cfg
         pids, xs, losses = per_client_losses(self.server_model, batches)
         for p, loss in zip(pids, losses):
-            SFLStrategy.check_loss(loss.detach(), f"server step (client {p})")
+            check_loss(loss.detach(), f"server step (client {p})")
         params = [p for p in self.server_model.parameters() if p.requires_grad]
         grads = torch.stack([flat(torch.autograd.grad(loss, params, retain_graph=True)) for loss in losses])
         if len(pids) > 1:
@@ -241,11 +241,7 @@ class GAPSL(PSL):
         elif selected:
             total = aligned_gradient(losses, params, selected, lead.detach(), self.regularisation, c.gapsl_mode)
         if total is not None:
-            start = 0
-            for p in params:
-                p.grad = total[start:start + p.numel()].view_as(p).to(p.dtype)
-                start += p.numel()
-            clip_and_step(self.server_model, self.server_opt, c.clip_norm)
+            optimizer_step(self.server_model, self.server_opt, c.clip_norm, lambda: set_gradient(params, total))
             self.server_updates += 1
         return act_grads
 

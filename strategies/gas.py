@@ -29,8 +29,8 @@ alone keeps the first-order server step.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -41,13 +41,14 @@ from fl_app.errors import ConfigError
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.base import AsyncStrategy
 from strategies.dispatcher import Reply
+from strategies.gas_metrics import gradient_dissimilarity, reference_batch
 from strategies.generation import LabelGaussians
 from strategies.registry import register
 from strategies.shared_momentum import SharedMomentum
-from strategies.split import CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SplitMixin, server_step
+from strategies.server_step import activation_gradient, server_step
+from strategies.split import CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SplitMixin
 
 STREAM_GENERATION = 13
-STREAM_REFERENCE = 17
 
 
 def logit_adjusted_loss(logits: torch.Tensor, labels: torch.Tensor, label_prior: torch.Tensor) -> torch.Tensor:
@@ -71,17 +72,22 @@ def _client_loss(logits: torch.Tensor, labels: torch.Tensor, label_prior: torch.
     return logit_adjusted_loss(logits, labels, label_prior)
 
 
-def activation_gradient(model: nn.Module, activations: torch.Tensor, labels: torch.Tensor,
-                        label_prior: torch.Tensor | None) -> torch.Tensor:
-    """``∇_A l_k(w_s; A, Y)`` without touching the server-side parameters' gradients.
+def top_up(gaussians: LabelGaussians, x: torch.Tensor, y: torch.Tensor, batch: int, generator: torch.Generator,
+           move: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Fold a flushed buffer ``(x, y)`` into the per-label Gaussians (eqs. 11-12), then append generated
+    activations so that every label has at least ``batch`` samples (none before the statistics are ready).
 
-    ``label_prior=None`` uses plain cross-entropy (logit adjustment off).
-    Returns a tensor shaped like ``activations``.
+    The statistics and their draws stay on the CPU (float64, exact); ``move`` takes the generated batch to
+    the server's device. Returns the new ``(x, y)`` and how many activations were generated.
     """
-    x = activations.detach().requires_grad_(True)
-    loss = _client_loss(model(x), labels, label_prior)
-    (grad,) = torch.autograd.grad(loss, x)
-    return grad.detach()
+    gaussians.update(x.reshape(x.shape[0], -1), y)
+    if not gaussians.ready():
+        return x, y, 0
+    gx, gy = gaussians.generate(y, batch, generator)
+    if not gy.numel():
+        return x, y, 0
+    gx, gy = move(gx), move(gy)
+    return torch.cat([x, gx.reshape(-1, *x.shape[1:])]), torch.cat([y, gy]), int(gy.numel())
 
 
 @register
@@ -171,11 +177,11 @@ class GAS(SplitMixin, AsyncStrategy):
         of its perturbed pairs under the same model and loss (eq. 6).
         """
         prior = self.label_prior(pid)
+        loss_fn = lambda logits, labels: _client_loss(logits, labels, prior)  # noqa: E731
         if self.client_zo:
-            grad = self.feedback(self.server_model, y, None, pid,
-                                 lambda logits, labels: _client_loss(logits, labels, prior))
+            grad = self.feedback(self.server_model, y, None, pid, loss_fn)
         else:
-            grad = activation_gradient(self.server_model, x, y, prior)
+            grad = activation_gradient(self.server_model, x, y, loss_fn)
         self.progress_of[pid] += 1
         self.client_iterations += 1
         done = self.progress_of[pid] >= self.local_steps(pid)
@@ -194,15 +200,8 @@ class GAS(SplitMixin, AsyncStrategy):
         y = torch.cat([b[1] for b in self.activation_buffer])
         self.activation_buffer = []
         if self.gaussians is not None:
-            self.gaussians.update(x.reshape(x.shape[0], -1), y)
-            if self.gaussians.ready():
-                gx, gy = self.gaussians.generate(y, self.cfg.batch_size, self.generator)
-                if gy.numel():
-                    self.generated_total += int(gy.numel())
-                    # the statistics and their draws stay on the CPU (float64, exact); the batch goes to the device
-                    gx, gy = self.on_device(gx), self.on_device(gy)
-                    x = torch.cat([x, gx.reshape(-1, *self.activation_shape)])
-                    y = torch.cat([y, gy])
+            x, y, generated = top_up(self.gaussians, x, y, self.cfg.batch_size, self.generator, self.on_device)
+            self.generated_total += generated
         every = self.cfg.dissimilarity_every
         if every and self.server_updates % every == 0:
             self.last_dissimilarity = self.gradient_dissimilarity(x, y)
@@ -227,33 +226,12 @@ class GAS(SplitMixin, AsyncStrategy):
             self.shared_momentum.forget(partition_id)
 
     # ------------------------------------------------------------------ metrics
-    def reference_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """A fixed sample of the training set (up to 100 per label) for Fig. 2's full gradient."""
-        if not hasattr(self, "_reference"):
-            labels = self.task.data.y_train.numpy()
-            rng = np.random.default_rng([self.cfg.seed, STREAM_REFERENCE])
-            idx = np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:100]
-                                  for c in range(self.task.data.num_classes)])
-            self._reference = self.task.data.train_batch(idx)
-        return self._reference
-
-    def server_gradient(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Flattened gradient of the mean cross-entropy w.r.t. the server-side parameters."""
-        params = [p for p in self.server_model.parameters()]
-        loss = nn.functional.cross_entropy(self.server_model(x.detach()), y)
-        return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
-
     def gradient_dissimilarity(self, x: torch.Tensor, y: torch.Tensor) -> float:
-        """GAS Fig. 2: ``‖∇F_s(buffer) − ∇F_s(reference)‖²``.
-
-        The reference gradient is taken on activations of a fixed balanced
-        training sample through the current client-side model.
-        """
-        rx, ry = (self.on_device(t) for t in self.reference_batch())
-        with torch.no_grad():
-            ra = self.client_model(rx)
-        diff = self.server_gradient(x, y) - self.server_gradient(ra, ry)
-        return float(diff.pow(2).sum())
+        """GAS Fig. 2 on the buffer ``(x, y)`` (:func:`strategies.gas_metrics.gradient_dissimilarity`)."""
+        if not hasattr(self, "_reference"):
+            self._reference = reference_batch(self.task.data, self.cfg.seed)
+        rx, ry = (self.on_device(t) for t in self._reference)
+        return gradient_dissimilarity(self.server_model, self.client_model, x, y, rx, ry)
 
     def extra_metrics(self) -> dict[str, float]:
         """Generated activations so far and the last gradient dissimilarity."""

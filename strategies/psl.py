@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from fl_app.config import Option
-from strategies.base import SFLStrategy
+from strategies.errors import check_loss
 from strategies.registry import register
+from strategies.server_step import step_on_loss
 from strategies.split import PerClientModels
-from fl_app.training import clip_and_step
 
 
 def per_client_logits(model: nn.Module, batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
@@ -107,11 +107,11 @@ class PSL(PerClientModels):
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
         """One step on the mean (or sum) of the per-client losses; each client gets ``∇_{A_k} L_k``."""
         pids, xs, losses = per_client_losses(self.server_model, batches)
-        loss = self.server_loss(pids, losses)
-        SFLStrategy.check_loss(loss.detach(), "server step")
-        self.server_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        clip_and_step(self.server_model, self.server_opt, self.cfg.clip_norm)
+        step_on_loss(self.server_model, self.server_opt, self.server_loss(pids, losses), self.cfg.clip_norm)
+        return self.client_gradients(pids, xs)
+
+    def client_gradients(self, pids: list[int], xs: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+        """After a server step: count it; each client's ``∇_{A_k} L_k`` from its input's gradient."""
         self.server_updates += 1
         scale = self.own_loss_scale(len(pids))
         return {p: x.grad.detach() * scale for p, x in zip(pids, xs)}
@@ -140,12 +140,9 @@ class EPSL(PSL):
         """One server step on the partly aggregated last-layer gradients; each client gets its ``∇_{A_k}``."""
         pids, xs, logits, losses = per_client_logits(self.server_model, batches)
         loss = self.server_loss(pids, losses)
-        SFLStrategy.check_loss(loss.detach(), "server step")
+        check_loss(loss.detach(), "server step")
         (grad,) = torch.autograd.grad(loss, logits, retain_graph=True)
         parts = aggregate_last_layer_gradients(list(grad.split([x.shape[0] for x in xs])), self.cfg.epsl_phi)
-        self.server_opt.zero_grad(set_to_none=True)
-        logits.backward(torch.cat(parts))
-        clip_and_step(self.server_model, self.server_opt, self.cfg.clip_norm)
-        self.server_updates += 1
-        scale = self.own_loss_scale(len(pids))
-        return {p: x.grad.detach() * scale for p, x in zip(pids, xs)}
+        step_on_loss(self.server_model, self.server_opt, loss, self.cfg.clip_norm,
+                     backward=lambda: logits.backward(torch.cat(parts)))
+        return self.client_gradients(pids, xs)

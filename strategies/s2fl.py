@@ -30,11 +30,10 @@ from torch import nn
 from fl_app.config import Option
 from fl_app.errors import ConfigError
 from fl_app import protocol as P
-from fl_app.training import clip_and_step
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
-from strategies.base import SFLStrategy
 from strategies.dispatcher import Request
 from strategies.registry import register
+from strategies.server_step import activation_gradient, step_on_loss
 from strategies.split import copy_model
 from strategies.splitfed import MiniBatchSFL
 
@@ -113,15 +112,6 @@ def closest_to_median(times: np.ndarray) -> np.ndarray:
     return np.argmin(np.abs(times - median), axis=1)
 
 
-def activation_gradient(model: nn.Module, activations: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """``∂ CE(model(A), y) / ∂A`` (mean loss over the batch), without touching the model's gradients."""
-    x = activations.detach().requires_grad_(True)
-    loss = nn.functional.cross_entropy(model(x), labels)
-    SFLStrategy.check_loss(loss.detach(), "server step")
-    (grad,) = torch.autograd.grad(loss, x)
-    return grad
-
-
 @register
 class S2FL(MiniBatchSFL):
     """S²FL as in GAS's baseline code: activation grouping and a time-only adaptive cut (see the module)."""
@@ -176,7 +166,7 @@ class S2FL(MiniBatchSFL):
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
         """Client gradients from the current server-side model, then one step per group, then the group average."""
-        grads = {p: activation_gradient(self.server_model, *batches[p]) for p in sorted(batches)}
+        grads = {p: activation_gradient(self.server_model, *batches[p], where="server step") for p in sorted(batches)}
         state = {k: v.clone() for k, v in self.server_model.state_dict().items()}
         stepped = {}
         for g, group in enumerate(self.groups):
@@ -187,11 +177,7 @@ class S2FL(MiniBatchSFL):
             model.load_state_dict(state)
             x = torch.cat([batches[p][0] for p in members]).detach()
             y = torch.cat([batches[p][1] for p in members])
-            loss = nn.functional.cross_entropy(model(x), y)
-            SFLStrategy.check_loss(loss.detach(), "server step")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            clip_and_step(model, opt, self.cfg.clip_norm)
+            step_on_loss(model, opt, nn.functional.cross_entropy(model(x), y), self.cfg.clip_norm)
             self.server_updates += 1
             stepped[g] = {k: v.clone() for k, v in model.state_dict().items()}
         if stepped:

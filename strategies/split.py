@@ -2,9 +2,8 @@
 
 :class:`SplitMixin` holds the global model, its split at the cut layer, and
 builds the ``train.forward`` / ``train.backward`` requests on any block
-range and model slot, with their compute and upload figures from
-:attr:`~strategies.base.SFLStrategy.costs`. :func:`server_step` is one SGD
-step of a server-side model on received activations.
+range and model slot from the run's settings, on the shared builders
+(:mod:`strategies.requests`).
 
 :class:`SyncSplitStrategy` is the synchronous SFL round shared by
 SplitFed-V1/V2, MiniBatch-SFL, vanilla SL, PSL and the like: start the
@@ -20,9 +19,9 @@ averaged (the PSL family), and evaluates each as ``client_k ∘ server``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from flwr.app import ArrayRecord, RecordDict
@@ -30,17 +29,16 @@ from torch import nn
 
 from fl_app import protocol as P
 from fl_app.config import Option, RunConfig
-from fl_app.costs import LABEL_BITS
 from fl_app.errors import ConfigError
 from fl_app.models import BlockModel, split_model
 from fl_app.task import Task
-from fl_app.training import clip_and_step, make_sgd
-from fl_app.zo import STREAM_ZO_SERVER, zo_seed, zo_server_step
+from fl_app.training import make_sgd
 from strategies.aggregation import average_uploads
 from strategies.base import SFLStrategy, SyncStrategy
 from strategies.dispatcher import Request
+from strategies.requests import optimizer_settings
+from strategies.server_step import LossFn, zo_step
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 #: Options of every strategy whose clients can train with zeroth-order updates (MU-SplitFed, DESIGN.md §7).
 ZO_OPTIONS = (
@@ -83,35 +81,6 @@ def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, 
     with torch.no_grad():
         diffs = tuple(float(fn(model(a), labels) - fn(model(b), labels)) for a, b in zip(plus, minus))
     return ZOFeedback(diffs)
-
-
-def server_step(model: nn.Module, opt: torch.optim.Optimizer, activations: torch.Tensor,
-                labels: torch.Tensor, clip_norm: float, loss_fn: LossFn | None = None,
-                input_grad: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """One step of a server-side model on smashed data.
-
-    Args:
-        activations: float32 ``[B, ...]`` received from clients.
-        labels: int64 ``[B]``.
-        loss_fn: ``(logits, labels) -> scalar`` (default: mean cross-entropy).
-        input_grad: compute dL/d(activations); False skips that backward work
-            (the parameter gradients, and so the step, are bit-identical).
-
-    Returns:
-        ``(grad, loss)``: ``grad`` = dL/d(activations), same shape (None with
-        ``input_grad=False``); the loss before the step (detached).
-
-    Raises:
-        DivergedError: the loss is not finite.
-    """
-    x = activations.detach().requires_grad_(input_grad)
-    logits = model(x)
-    loss = (loss_fn or nn.functional.cross_entropy)(logits, labels)
-    SFLStrategy.check_loss(loss.detach(), "server step")
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    clip_and_step(model, opt, clip_norm)
-    return (x.grad.detach() if input_grad else None), loss.detach()
 
 
 class SplitMixin(SFLStrategy):
@@ -178,92 +147,31 @@ class SplitMixin(SFLStrategy):
                               "activation gradient for first-order clients)")
 
     def zo_server_update(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, key: int) -> float:
-        """One ZO-SGD step of a server-side model (MU-SplitFed eq. 5, :func:`fl_app.zo.zo_server_step`).
-
-        Directions come from ``(seed, server stream, key, server_updates, p)``
-        for ``p < P``; the step size is :attr:`server_side_lr`, the clip
-        ``zo-clip``. Counts one server update.
-
-        Args:
-            key: which server-side model (a client's copy: its partition id).
-
-        Returns:
-            the loss before the step.
-
-        Raises:
-            DivergedError: the loss is not finite.
-        """
-        c = self.cfg
-        seeds = [zo_seed(c.seed, STREAM_ZO_SERVER, key, self.server_updates, p) for p in range(c.perturbations)]
-        loss = zo_server_step(model, x, y, seeds, c.zo_smoothing, self.server_side_lr, c.zo_clip)
-        self.check_loss(torch.tensor(loss), "server ZO step")
+        """One ZO-SGD step of server-side model ``key`` (a client's copy: its partition id) at
+        :attr:`server_side_lr` (:func:`~strategies.server_step.zo_step`); counts one server update.
+        Returns the loss before the step; raises ``DivergedError`` when it is not finite."""
+        loss = zo_step(model, x, y, self.cfg, key, self.server_updates, self.server_side_lr)
         self.server_updates += 1
         return loss
 
-    def optimizer_config(self) -> dict[str, float]:
-        """Client optimiser settings (fields of :class:`~fl_app.protocol.OptimizerConfig`) sent with training messages."""
-        c = self.cfg
-        return {"lr": self.client_side_lr, "momentum": c.momentum, "weight_decay": c.weight_decay,
-                "clip_norm": c.clip_norm, "optimizer": c.optimizer}
+    def optimizer_config(self, clip_norm: float | None = None) -> dict[str, Any]:
+        """Client optimiser settings (:func:`~strategies.requests.optimizer_settings` at :attr:`client_side_lr`)
+        sent with training messages; a ZO client's estimate is clipped at ``zo-clip``, not ``clip-norm``."""
+        return optimizer_settings(self.cfg, self.client_side_lr, clip_norm=clip_norm)
 
     def forward_request(self, batch: int, weights: ArrayRecord | None, *, start: int = 0, end: int | None = None,
                         slot: str = P.OWN_SLOT, tag: object = None, timed_end: int | None = None) -> Request:
-        """``train.forward`` of own data through blocks ``[start, end)`` (default the client part).
-
-        ``weights`` (encoded once by the caller), when given, replace the slot's.
-        Timed as the range's forward FLOPs plus the upload of its activations;
-        ``timed_end`` charges them as if the range ended there instead (S²FL's
-        adaptive cut changes time only).
-        """
+        """``train.forward`` of own data through blocks ``[start, end)`` (default the client part), or a
+        ``train.zo_forward`` with ZO clients; ``weights`` (encoded once by the caller), when given, replace
+        the slot's; ``timed_end``: charge it as if the range ended there (S²FL's adaptive cut)."""
         end = self.cut if end is None else end
         if self.client_zo:
-            return self.zo_forward_request(batch, weights, end=end, slot=slot, tag=tag)
+            c = self.cfg
+            config = P.ZOForwardConfig(slot=slot, end=end, batch_size=batch, perturbations=c.perturbations,
+                                       smoothing=c.zo_smoothing, **self.optimizer_config(c.zo_clip))
+            return self.requests.zo_forward(config, weights, tag=tag)
         config = P.ForwardConfig(slot=slot, start=start, end=end, batch_size=batch, **self.optimizer_config())
-        content = RecordDict({P.CONFIG: config.to_record()})
-        if weights is not None:
-            content[P.WEIGHTS] = weights
-        timed = end if timed_end is None else timed_end
-        return Request(P.TRAIN_FORWARD, content, self.costs.flops(start, timed, batch),
-                       self.costs.activation_bits(timed, batch), tag=tag)
-
-    def zo_bits(self, end: int, batch: int) -> float:
-        """Upload of a ZO forward: ``2P + 1`` embeddings of ``batch`` samples, and their labels once."""
-        per = self.costs.activation_bits(end, batch, labels=False)
-        return (2 * self.cfg.perturbations + 1) * per + LABEL_BITS * batch
-
-    def zo_optimizer_config(self) -> dict[str, float]:
-        """:meth:`optimizer_config` for a ZO client: the estimate is clipped at ``zo-clip``, not ``clip-norm``."""
-        return {**self.optimizer_config(), "clip_norm": self.cfg.zo_clip}
-
-    def zo_forward_request(self, batch: int, weights: ArrayRecord | None, *, end: int | None = None,
-                           slot: str = P.OWN_SLOT, tag: object = None) -> Request:
-        """``train.zo_forward``: ``h`` and ``P`` perturbed pairs of a new batch (``2P + 1`` forward passes)."""
-        end = self.cut if end is None else end
-        c = self.cfg
-        config = P.ZOForwardConfig(slot=slot, end=end, batch_size=batch, perturbations=c.perturbations,
-                                   smoothing=c.zo_smoothing, **self.zo_optimizer_config())
-        content = RecordDict({P.CONFIG: config.to_record()})
-        if weights is not None:
-            content[P.WEIGHTS] = weights
-        flops = (2 * c.perturbations + 1) * self.costs.flops(0, end, batch)
-        return Request(P.TRAIN_ZO_FORWARD, content, flops, self.zo_bits(end, batch), tag=tag)
-
-    def zo_update_request(self, feedback: ZOFeedback, nxt: str, next_batch: int = 0, *, end: int | None = None,
-                          slot: str = P.OWN_SLOT, upload: bool = True, tag: object = None) -> Request:
-        """``train.zo_update`` with the ``P`` loss differences (``32·P`` bits down); no backward pass."""
-        end = self.cut if end is None else end
-        c = self.cfg
-        flops, bits = 0.0, 0.0
-        if nxt == P.NEXT_FORWARD:
-            flops = (2 * c.perturbations + 1) * self.costs.flops(0, end, next_batch)
-            bits = self.zo_bits(end, next_batch)
-        elif nxt == P.NEXT_WEIGHTS and upload:
-            bits = self.costs.param_bits(0, end)
-        config = P.ZOUpdateConfig(slot=slot, diffs=feedback.diffs, smoothing=c.zo_smoothing, next=nxt,
-                                  batch_size=next_batch, **self.zo_optimizer_config())
-        content = RecordDict({P.CONFIG: config.to_record()})
-        return Request(P.TRAIN_ZO_UPDATE, content, flops, bits, bits_down=32.0 * len(feedback.diffs), tag=tag,
-                       metered=upload or nxt != P.NEXT_WEIGHTS)
+        return self.requests.forward(config, weights=weights, tag=tag, timed_end=timed_end)
 
     def backward_request(self, grad: torch.Tensor | ZOFeedback, nxt: str, next_batch: int = 0, *, start: int = 0,
                          end: int | None = None, slot: str = P.OWN_SLOT, upload: bool = True,
@@ -280,24 +188,17 @@ class SplitMixin(SFLStrategy):
             timed_end: charge the compute and the next activations as if the
                 range ended there (see :meth:`forward_request`).
 
-        A :class:`ZOFeedback` instead of a gradient makes it a ``train.zo_update``.
+        A :class:`ZOFeedback` instead of a gradient makes it a ``train.zo_update``
+        (``32·P`` bits down, no backward pass).
         """
         if isinstance(grad, ZOFeedback):
-            return self.zo_update_request(grad, nxt, next_batch, end=end, slot=slot, upload=upload, tag=tag)
-        end = self.cut if end is None else end
-        timed = end if timed_end is None else timed_end
-        batch = int(grad.shape[0])
-        flops = self.costs.flops(start, timed, batch, forward=False, backward=True)
-        bits = 0.0
-        if nxt == P.NEXT_FORWARD:
-            flops += self.costs.flops(start, timed, next_batch)
-            bits = self.costs.activation_bits(timed, next_batch)
-        elif nxt == P.NEXT_WEIGHTS and upload:
-            bits = self.costs.param_bits(start, end)
+            c = self.cfg
+            config = P.ZOUpdateConfig(slot=slot, diffs=grad.diffs, smoothing=c.zo_smoothing, next=nxt,
+                                      batch_size=next_batch, **self.optimizer_config(c.zo_clip))
+            return self.requests.zo_update(config, c.perturbations, end=end, upload=upload, tag=tag)
         config = P.BackwardConfig(slot=slot, next=nxt, batch_size=next_batch, **self.optimizer_config())
-        content = RecordDict({P.GRADIENT: P.tensor_record("g", grad), P.CONFIG: config.to_record()})
-        metered = upload or nxt != P.NEXT_WEIGHTS
-        return Request(P.TRAIN_BACKWARD, content, flops, bits, tag=tag, metered=metered)
+        return self.requests.backward(config, grad, start=start, end=end, upload=upload, tag=tag,
+                                      timed_end=timed_end)
 
     def weights_request(self, *, slot: str = P.OWN_SLOT, upload: bool = True, tag: object = None) -> Request:
         """``train.step`` with nothing accumulated: no step, the reply holds the slot's weights.
@@ -306,19 +207,7 @@ class SplitMixin(SFLStrategy):
         ``upload=False`` (a copy the server only needs for evaluation).
         """
         config = P.StepConfig(slot=slot, return_weights=True, **self.optimizer_config())
-        bits = self.costs.param_bits(0, self.cut) if upload else 0.0
-        return Request(P.TRAIN_STEP, RecordDict({P.CONFIG: config.to_record()}), 0.0, bits, tag=tag,
-                       metered=upload)
-
-    def activations_of(self, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(activations [B, ...] float32, labels [B] int64)`` of a forward reply, on :attr:`device`."""
-        return (self.on_device(P.record_tensor(P.array_of(content, P.ACTIVATIONS), "x")),
-                self.on_device(P.record_tensor(P.array_of(content, P.LABELS), "y")))
-
-    def perturbed_of(self, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(h⁺ [P, B, ...], h⁻ [P, B, ...])`` of a ``train.zo_forward`` reply, on :attr:`device`."""
-        record = P.record_state(P.array_of(content, P.PERTURBED))
-        return self.on_device(record["plus"]), self.on_device(record["minus"])
+        return self.requests.step(config, upload=upload, tag=tag)
 
     def feedback(self, model: nn.Module, labels: torch.Tensor, grad: torch.Tensor, pid: int,
                  loss_fn: LossFn | None = None) -> torch.Tensor | ZOFeedback:
@@ -330,16 +219,17 @@ class SplitMixin(SFLStrategy):
         return loss_differences(model, plus, minus, labels, loss_fn)
 
     def smashed_of(self, pid: int, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
-        """``activations_of`` a forward reply; with ZO clients, keep its perturbed pairs for :meth:`feedback`."""
+        """``(activations [B, ...] float32, labels [B] int64)`` of a forward reply, on :attr:`device`;
+        with ZO clients, keep its perturbed pairs for :meth:`feedback`."""
         if self.client_zo:
-            self.zo_pairs[pid] = self.perturbed_of(content)
-        return self.activations_of(content)
+            self.zo_pairs[pid] = tuple(self.on_device(t) for t in P.replies.perturbed(content))
+        x, y = P.replies.activations(content)
+        return self.on_device(x), self.on_device(y)
 
     @staticmethod
     def weights_of(content: RecordDict) -> tuple[dict[str, torch.Tensor], int]:
-        """``(state_dict, num_examples)`` of a weights reply."""
-        return (P.record_state(P.array_of(content, P.WEIGHTS)),
-                int(content.config_records[P.INFO][P.INFO_NUM_EXAMPLES]))
+        """``(state_dict, num_examples)`` of a weights reply (:func:`fl_app.protocol.replies.weights`)."""
+        return P.replies.weights(content)
 
 
 class SyncSplitStrategy(SplitMixin, SyncStrategy):

@@ -9,8 +9,8 @@ from fl_app.config import Option
 from fl_app.models import BlockModel
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.registry import register
-from strategies.split import (CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SyncSplitStrategy,
-                              copy_model, server_step)
+from strategies.server_step import server_step
+from strategies.split import CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SyncSplitStrategy, copy_model
 
 
 @register

@@ -5,7 +5,8 @@ calls :meth:`~strategies.base.SFLStrategy.validate_reply` and so
 :meth:`ReplyChecker.problem`. A reply with a problem is handled like an error
 reply: the client is excluded with a one-line reason in the log, and the run
 goes on with the others. What is checked follows from the request alone (its
-action and its typed config, :mod:`fl_app.protocol`) and from the task:
+action, typed config and records, read by :func:`fl_app.protocol.replies.reply_schema`)
+and from the task's shapes:
 
 * the records the action must return are there (activations and labels of a
   forward, weights and example count when weights are asked for, the input
@@ -34,9 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 from fl_app import protocol as P
+from fl_app.protocol import replies
 from fl_app.task import Task
 from strategies.dispatcher import Request
 
@@ -63,16 +65,6 @@ class _Bad(Exception):
     def __init__(self, reason: str, non_finite: bool = False) -> None:
         super().__init__(reason)
         self.problem = ReplyProblem(reason, non_finite)
-
-
-def _array_record(content: RecordDict | None, key: str) -> ArrayRecord | None:
-    value = content.get(key) if content is not None else None
-    return value if isinstance(value, ArrayRecord) else None
-
-
-def _config_record(content: RecordDict | None, key: str) -> ConfigRecord | None:
-    value = content.get(key) if content is not None else None
-    return value if isinstance(value, ConfigRecord) else None
 
 
 class ReplyChecker:
@@ -119,68 +111,44 @@ class ReplyChecker:
 
     # ------------------------------------------------------------------ per action
     def _check(self, request: Request, content: RecordDict, num_examples: int | None) -> None:
-        action = request.action
-        sent = request.content
-        raw_cfg = _config_record(sent, P.CONFIG)
+        schema = replies.reply_schema(request.action, request.content, self.cut)
         skip_finite = False
-        if raw_cfg is None:
-            pass  # not built from a protocol config (a test's bare request): nothing to expect but finiteness
-        elif action == P.TRAIN_FORWARD:
-            cfg = P.ForwardConfig.from_record(raw_cfg)
-            end = cfg.end or self.cut
-            x_in = _array_record(sent, P.ACTIVATIONS)
-            batch = int(x_in["x"].shape[0]) if x_in is not None and "x" in x_in else cfg.batch_size
-            if cfg.loss:
-                loss = self._info(content, P.INFO_LOSS)
-                skip_finite = not _finite_number(loss)
-                if cfg.start > 0:
-                    want = tuple(x_in["x"].shape) if x_in is not None and "x" in x_in else None
-                    self._tensor(content, P.GRADIENT, "g", want, "float32")
-            else:
-                self._tensor(content, P.ACTIVATIONS, "x", (batch, *self.output_shape(end)), "float32")
-                if cfg.start == 0 or _array_record(sent, P.LABELS) is not None:
-                    self._labels(content, batch)
-        elif action == P.TRAIN_BACKWARD:
-            cfg = P.BackwardConfig.from_record(raw_cfg)
-            if cfg.next == P.NEXT_FORWARD:
-                g = _array_record(sent, P.GRADIENT)
-                shape = tuple(g["g"].shape[1:]) if g is not None and "g" in g else None
-                self._tensor(content, P.ACTIVATIONS, "x", None if shape is None else (cfg.batch_size, *shape),
-                             "float32")
-                self._labels(content, cfg.batch_size)
-            elif cfg.next == P.NEXT_WEIGHTS:
-                self._weights(content, num_examples, complete=False)
-        elif action == P.TRAIN_STEP:
-            if P.StepConfig.from_record(raw_cfg).return_weights:
-                self._weights(content, num_examples, complete=False)
-        elif action == P.TRAIN_FIT:
-            self._weights(content, num_examples, complete=True)
-        elif action == P.TRAIN_ZO_FORWARD:
-            cfg = P.ZOForwardConfig.from_record(raw_cfg)
-            self._zo_forward(content, cfg.batch_size, cfg.perturbations, cfg.end or self.cut)
-        elif action == P.TRAIN_ZO_UPDATE:
-            cfg = P.ZOUpdateConfig.from_record(raw_cfg)
-            if cfg.next == P.NEXT_FORWARD:
-                # the range is the client's stored one: its cut is the run's unless a zo_forward named another
-                self._zo_forward(content, cfg.batch_size, len(cfg.diffs), None)
-            elif cfg.next == P.NEXT_WEIGHTS:
-                self._weights(content, num_examples, complete=False)
-        elif action == P.EVALUATE:
-            for key in (P.INFO_LOSS, P.INFO_ACCURACY):
-                self._info(content, key)
+        if schema is not None:  # None: not built from a protocol config (a test's bare request)
+            for key in schema.info:
+                value = self._info(content, key)
+                if key == P.INFO_LOSS and schema.loss_exempt:
+                    skip_finite = not _finite_number(value)
+            if schema.input_gradient is not None:
+                self._tensor(content, P.GRADIENT, "g", schema.input_gradient or None, "float32")
+            if schema.activations is not None:
+                batch, end = schema.activations
+                sample = self.output_shape(end) if end is not None else schema.sample_shape
+                self._tensor(content, P.ACTIVATIONS, "x", None if sample is None else (batch, *sample), "float32")
+            if schema.perturbed:
+                x = content[P.ACTIVATIONS]["x"]
+                if int(x.shape[0]) != batch:
+                    raise _Bad(f"{P.ACTIVATIONS}/x has batch {int(x.shape[0])}, expected {batch}")
+            if schema.labels is not None:
+                self._labels(content, schema.labels)
+            if schema.perturbed:
+                for name in ("plus", "minus"):
+                    self._tensor(content, P.PERTURBED, name, (schema.perturbed, *tuple(int(s) for s in x.shape)),
+                                 "float32")
+            if schema.weights:
+                self._weights(content, num_examples, complete=schema.weights == "all")
         if not skip_finite:
             self._finite(content)
 
     # ------------------------------------------------------------------ pieces
     def _info(self, content: RecordDict, key: str) -> Any:
-        info = _config_record(content, P.INFO)
+        info = P.get_config(content, P.INFO)
         if info is None or key not in info:
             raise _Bad(f"missing {P.INFO}/{key}")
         return info[key]
 
     @staticmethod
     def _tensor(content: RecordDict, key: str, name: str, shape: tuple[int, ...] | None, dtype: str) -> None:
-        record = _array_record(content, key)
+        record = P.get_array(content, key)
         if record is None or name not in record:
             raise _Bad(f"missing {key}/{name}")
         arr = record[name]
@@ -195,18 +163,8 @@ class ReplyChecker:
         if y.size and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
             raise _Bad(f"{P.LABELS}/y has labels outside [0, {self.num_classes})")
 
-    def _zo_forward(self, content: RecordDict, batch: int, perturbations: int, end: int | None) -> None:
-        shape = self.output_shape(end) if end is not None else None
-        self._tensor(content, P.ACTIVATIONS, "x", None if shape is None else (batch, *shape), "float32")
-        x = content[P.ACTIVATIONS]["x"]
-        if int(x.shape[0]) != batch:
-            raise _Bad(f"{P.ACTIVATIONS}/x has batch {int(x.shape[0])}, expected {batch}")
-        self._labels(content, batch)
-        for name in ("plus", "minus"):
-            self._tensor(content, P.PERTURBED, name, (perturbations, *tuple(int(s) for s in x.shape)), "float32")
-
     def _weights(self, content: RecordDict, num_examples: int | None, complete: bool) -> None:
-        record = _array_record(content, P.WEIGHTS)
+        record = P.get_array(content, P.WEIGHTS)
         if record is None or not len(record):
             raise _Bad(f"missing {P.WEIGHTS}")
         for name in record.keys():

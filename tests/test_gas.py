@@ -15,7 +15,14 @@ import torch
 from torch import nn
 
 from fl_app import protocol as P
-from strategies.gas import activation_gradient, logit_adjusted_loss
+from strategies.gas import logit_adjusted_loss
+from strategies.server_step import activation_gradient as shared_activation_gradient
+
+
+def activation_gradient(model, x, y, prior):
+    """GAS's ``G_k``: the shared activation gradient under eq. 6's loss (plain cross-entropy with no prior)."""
+    loss_fn = None if prior is None else (lambda logits, labels: logit_adjusted_loss(logits, labels, prior))
+    return shared_activation_gradient(model, x, y, loss_fn)
 from tests.conftest import read_metrics
 
 
@@ -455,7 +462,7 @@ def test_gas_virtual_time_is_ordered(two_runs):
 
 def test_server_step_without_input_grad_is_bit_identical():
     """GAS steps with input_grad=False: same parameters, bit for bit, as the full step."""
-    from strategies.split import server_step
+    from strategies.server_step import server_step
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),

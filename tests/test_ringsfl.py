@@ -22,7 +22,7 @@ from tests.fault_apps import failing_client_app
 
 
 def test_propagation_lengths_by_hand():
-    from strategies.ringsfl import propagation_lengths
+    from strategies.ring_schedule import propagation_lengths
 
     assert propagation_lengths([2e9, 1e9, 1e9], 12) == [6, 3, 3]  # exact: 12·(1/2, 1/4, 1/4)
     assert propagation_lengths([1, 1, 1], 10) == [4, 3, 3]  # 3.33 each; the remainder to the first
@@ -39,7 +39,7 @@ def test_propagation_lengths_by_hand():
 def test_ring_paths_by_hand():
     """Algorithm 2 with the paper's Fig. 2 ring (lengths 2:1:3 on 6 blocks): each path
     starts at its client and covers blocks 0-5 once, node j running its next L_j blocks."""
-    from strategies.ringsfl import ring_path
+    from strategies.ring_schedule import ring_path
 
     assert ring_path([2, 1, 3], 0) == [(0, 0, 2), (1, 2, 3), (2, 3, 6)]
     assert ring_path([2, 1, 3], 1) == [(1, 0, 1), (2, 1, 4), (0, 4, 6)]
@@ -49,7 +49,7 @@ def test_ring_paths_by_hand():
 def test_overlap_counts_fig5():
     """Fig. 5: 2 clients, 2:4. Client 0's flow runs W_0(0,1) then W_1(2,5); client 1's runs
     W_1(0,3) then W_0(4,5); so W_1's layers 2-3 are crossed twice (eq. 7 gives them 2η)."""
-    from strategies.ringsfl import overlap_counts
+    from strategies.ring_schedule import overlap_counts
 
     assert overlap_counts([2, 4]) == [[1, 1, 0, 0, 1, 1], [1, 1, 2, 2, 1, 1]]
     # Fig. 2's ring, from the paths above; every block is crossed N = 3 times over the nodes
@@ -196,7 +196,7 @@ def test_d2d_charging_mechanism():
 def test_lengths_from_compute_speeds(mlp6, server_identity, one_torch_thread):
     """Without ring-lengths, L_i = C_i/ΣC·W from the devices' FLOP/s (GAS model, seed 2)."""
     from simulation.timing.devices import draw_profiles
-    from strategies.ringsfl import propagation_lengths
+    from strategies.ring_schedule import propagation_lengths
 
     s, task = _run_ring(mlp6)
     speeds = [p.flops_per_s for p in draw_profiles("gas", 3, 2)]

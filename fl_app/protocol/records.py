@@ -1,0 +1,116 @@
+"""Records of a message's content: tensors and state dicts in ArrayRecords, and copy-free record access.
+
+``RecordDict.array_records`` and ``ArrayRecord(dict)`` copy on every access;
+the relay path reads and forwards records many times, so these helpers reach
+the records themselves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TypeVar
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from fl_app.protocol.codec import decode_array, encode_array, tensor_array
+
+R = TypeVar("R", ArrayRecord, ConfigRecord)
+
+
+def array_record(arrays: Mapping[str, Array]) -> ArrayRecord:
+    """An ArrayRecord holding ``arrays`` themselves.
+
+    ``ArrayRecord(dict)`` copies every :class:`~flwr.app.Array` (the same
+    fields, the same bytes): a cost on the relay path and nothing more.
+    """
+    record = ArrayRecord()
+    for name, array in arrays.items():
+        record[name] = array
+    return record
+
+
+def tensor_record(name: str, tensor: torch.Tensor) -> ArrayRecord:
+    """Wrap one tensor (any dtype, any shape) in an ArrayRecord under ``name``."""
+    return array_record({name: tensor_array(tensor)})
+
+
+def record_tensor(record: ArrayRecord, name: str) -> torch.Tensor:
+    """The tensor stored by :func:`tensor_record` (a fresh, writable copy)."""
+    return torch.from_numpy(decode_array(record[name]))
+
+
+def state_record(state: Mapping[str, torch.Tensor]) -> ArrayRecord:
+    """Encode a torch ``state_dict`` (or any name -> tensor mapping)."""
+    return array_record({k: encode_array(v.detach().cpu().contiguous().numpy()) for k, v in state.items()})
+
+
+def record_state(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    """Decode an ArrayRecord made by :func:`state_record` into tensors."""
+    return {k: torch.from_numpy(decode_array(a)) for k, a in record.items()}
+
+
+def record_bytes(record: ArrayRecord | None) -> int:
+    """Payload size of an ArrayRecord in bytes (tensor data only, from shapes and dtypes;
+    nothing is deserialised)."""
+    if record is None:
+        return 0
+    return int(sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in record.values()))
+
+
+def array_records(content: RecordDict) -> dict[str, ArrayRecord]:
+    """The ArrayRecords of ``content`` by key, as a plain dict.
+
+    Equal to ``dict(content.array_records)``, which builds a synchronised copy
+    of the records on every access (a cost on the relay path).
+    """
+    return {k: v for k, v in content.items() if isinstance(v, ArrayRecord)}
+
+
+def config_records(content: RecordDict) -> dict[str, ConfigRecord]:
+    """The ConfigRecords of ``content`` by key, as a plain dict (see :func:`array_records`)."""
+    return {k: v for k, v in content.items() if isinstance(v, ConfigRecord)}
+
+
+def _record(content: RecordDict, key: str, kind: type[R]) -> R | None:
+    """``content[key]`` when it is a record of type ``kind`` (no copy of the records), else None."""
+    value = content.get(key)
+    return value if isinstance(value, kind) else None
+
+
+def _required(content: RecordDict, key: str, kind: type[R]) -> R:
+    """:func:`_record`, or KeyError when ``content`` has no record ``key`` of type ``kind``."""
+    value = _record(content, key, kind)
+    if value is None:
+        raise KeyError(key)
+    return value
+
+
+def get_array(content: RecordDict, key: str) -> ArrayRecord | None:
+    """``content.array_records.get(key)`` without copying the records."""
+    return _record(content, key, ArrayRecord)
+
+
+def get_config(content: RecordDict, key: str) -> ConfigRecord | None:
+    """``content.config_records.get(key)`` without copying the records."""
+    return _record(content, key, ConfigRecord)
+
+
+def array_of(content: RecordDict, key: str) -> ArrayRecord:
+    """``content.array_records[key]`` without copying the records.
+
+    Raises:
+        KeyError: ``content`` has no ArrayRecord ``key``.
+    """
+    return _required(content, key, ArrayRecord)
+
+
+def config_of(content: RecordDict, key: str) -> ConfigRecord:
+    """``content.config_records[key]`` without copying the records.
+
+    Raises:
+        KeyError: ``content`` has no ConfigRecord ``key``.
+    """
+    return _required(content, key, ConfigRecord)
