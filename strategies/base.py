@@ -1,6 +1,6 @@
 """The strategy core: the lifecycle, the stop rules, the loop shapes and the hooks of every sflower strategy.
 
-DESIGN.md section 5. :class:`SFLStrategy` runs a strategy from the handshake
+docs/design.md §5. :class:`SFLStrategy` runs a strategy from the handshake
 to the summary; each concern beside the lifecycle is a collaborator that
 receives data and callbacks, not the strategy:
 
@@ -186,7 +186,7 @@ class SFLStrategy(Strategy):
     def check_config(cls, cfg: RunConfig, task: Task) -> None:
         """Strategy-specific checks of a configuration against its task, before anything runs.
 
-        Called by :func:`fl_app.server_app.plan_run`, so bad input fails
+        Called by :func:`simulation.server_app.plan_run`, so bad input fails
         before any output is written. The default accepts everything.
 
         Raises:

@@ -1,8 +1,8 @@
 """GAPSL: gradient-aligned parallel split learning (leader gradient identification
 and gradient direction alignment).
 
-Source: ``papers/gapsl.txt`` (Sec. III, eqs. 1-8, Algorithms 1-2) and DESIGN.md
-section 7. The functions here are the paper's equations on flattened
+Source: the GAPSL paper (Sec. III, eqs. 1-8, Algorithms 1-2) and docs/design.md
+§7. The functions here are the paper's equations on flattened
 server-side gradients ``g_i`` (one per client of the round):
 
 * LGI: consistency scores (eq. 1), the adaptive selection ratio ``K_t``

@@ -1,7 +1,7 @@
 """GAS: generative activation-aided asynchronous split federated learning.
 
-Source: ``papers/gas-aaai2025*.txt`` (Yang & Liu, AAAI 2025); DESIGN.md
-section 7 fixes the choices the paper leaves open.
+Source: the GAS paper (Yang & Liu, AAAI 2025); docs/design.md
+§7 fixes the choices the paper leaves open.
 
 * ``C = concurrency`` clients train at once, each for ``E`` local
   iterations from the current client-side model, then upload it.

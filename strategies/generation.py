@@ -1,6 +1,6 @@
 """Per-label Gaussian activation statistics for GAS (generative activation-aided updates).
 
-GAS (``papers/gas-aaai2025*.txt``, section "Generative Activation-Aided Updates")
+GAS (its paper, section "Generative Activation-Aided Updates")
 keeps, for every label y, a Gaussian N(mu_y, Sigma_y) over the (flattened)
 activations the server has received, and tops the activation buffer up with
 samples from it so that the server step sees every label.
@@ -76,7 +76,7 @@ scratch at a flush::
 Every column enters the covariance once (about D^2 flops), so the per-flush
 cost is O(D^2 * new columns) plus the sampling, with one Cholesky every
 ``max_pending`` columns; labels that received nothing in a flush are not
-touched at all. ``simulation/bench_generation.py`` measures it against the
+touched at all. ``simulation/bench/generation.py`` measures it against the
 straightforward implementation.
 
 Precision and memory: the mean and all weights are float64. The factor L and
@@ -98,7 +98,7 @@ needs about 2*8*D*D bytes of float64 scratch for one label at a time.
 Exact full covariance needs at least D*(D+1)/2 numbers per label once the
 label has seen more than D activations (34 MB in float32 at D = 4096), so 100
 such labels cannot fit in 2 GB with exact sampling; see
-``simulation/bench_generation.py --memory`` for measured figures. Everything
+``python -m simulation.bench.generation --memory`` for measured figures. Everything
 lives on the CPU; pass a CPU ``torch.Generator`` for reproducible samples.
 """
 

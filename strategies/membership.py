@@ -119,7 +119,7 @@ class Membership:
                 self._register(nid, info)
         if unassigned:
             # Partition ids the nodes did not claim go to the nodes without one, in node-id order; the
-            # node keeps its id in its context.state for the rest of the run (fl_app.client_app._partition_id).
+            # node keeps its id in its context.state for the rest of the run (fl_app.client.node._partition_id).
             free = [p for p in range(need) if p not in self.clients]
             unassigned.sort()
             for nid in unassigned[len(free):]:

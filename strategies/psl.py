@@ -1,7 +1,7 @@
 """The parallel split learning (PSL) family: per-client client-side models, one server-side model.
 
-Source: GAPSL (``papers/gapsl.txt``, Section III: "PSL") and DESIGN.md
-section 7. Client-side models are per client and never aggregated
+Source: GAPSL (its paper, Section III: "PSL") and docs/design.md
+§7. Client-side models are per client and never aggregated
 (:class:`~strategies.split.PerClientModels`); each is evaluated as
 ``client_k ∘ server``.
 """

@@ -1,6 +1,6 @@
 """One RingSFL round: every client's batch relayed round the ring, hop by hop, then one step per node.
 
-Algorithm 2 of ``papers/ringsfl.txt`` on a :class:`~strategies.ring_schedule.RingSchedule`
+Algorithm 2 of the RingSFL paper on a :class:`~strategies.ring_schedule.RingSchedule`
 (see :mod:`strategies.ringsfl` for the relay through the server and its
 timing). :class:`RingRound` builds every hop's request on the shared
 builders (:class:`~strategies.requests.RequestBuilder`, typed configs with

@@ -1,6 +1,6 @@
 """RingSFL's schedule: propagation lengths, each client's path round the ring, overlap counts, failures.
 
-Source: ``papers/ringsfl.txt`` (Shen et al.), Sec. 3.3 (eq. 3, the lengths),
+Source: the RingSFL paper (Shen et al.), Sec. 3.3 (eq. 3, the lengths),
 Algorithm 2 (the paths) and eq. 7 (the overlap counts); see
 :mod:`strategies.ringsfl` for the strategy. Pure functions of the lengths,
 plus :class:`RingSchedule`, everything one ring round needs to know before

@@ -1,8 +1,8 @@
 """RingSFL: clients in a ring relay each other's batches through segments of their own models.
 
-Source: ``papers/ringsfl.txt`` (Shen et al., "RingSFL: An Adaptive Split
+Source: the RingSFL paper (Shen et al., "RingSFL: An Adaptive Split
 Federated Learning Towards Taming Client Heterogeneity"), Algorithms 1-2 and
-eqs. 4-7, with DESIGN.md section 7 for what the authors' code does where the
+eqs. 4-7, with docs/design.md §7 for what the authors' code does where the
 paper is vague.
 
 **The ring.** The live clients, in partition order, form a ring
@@ -86,19 +86,7 @@ from strategies.dispatcher import Request
 from strategies.registry import register
 from strategies.requests import optimizer_settings
 from strategies.ring_round import RingBroken, RingRound
-from strategies.ring_schedule import (
-    RingSchedule,
-    check_ring,
-    injected_failures,
-    overlap_counts,
-    parse_lengths,
-    propagation_lengths,
-    ring_lengths,
-    ring_path,
-)
-
-#: The schedule's functions stay importable from here (simulation.bench_ring and tests use them).
-__all__ = ["RingSFL", "RingBroken", "overlap_counts", "parse_lengths", "propagation_lengths", "ring_path"]
+from strategies.ring_schedule import RingSchedule, check_ring, injected_failures, parse_lengths, ring_lengths
 
 log = logging.getLogger("sflower")
 

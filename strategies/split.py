@@ -40,7 +40,7 @@ from strategies.requests import optimizer_settings
 from strategies.server_step import LossFn, zo_step
 
 
-#: Options of every strategy whose clients can train with zeroth-order updates (MU-SplitFed, DESIGN.md §7).
+#: Options of every strategy whose clients can train with zeroth-order updates (MU-SplitFed, docs/design.md §7).
 ZO_OPTIONS = (
     Option("perturbations", 1, "ZO: P perturbation pairs per client step"),
     Option("zo-smoothing", 0.001, "ZO: smoothing parameter μ"),

@@ -38,13 +38,14 @@ def train_forward(msg: Message, context: Context) -> Message:
     weights = P.get_array(msg.content, P.WEIGHTS)
     if weights is not None:
         slot.load_weights(weights)
-    end = cfg.end or node.task.cut_layer
-    model = slot.model(cfg.start, end)
-    if cfg.start == 0:
-        if not cfg.loss:
-            return Message(node.forward(slot, model, cfg.start, end, cfg.batch_size), reply_to=msg)
-        record, x, y = node.sample(cfg.batch_size)
-        record["start"], record["end"] = cfg.start, end
+    plan = cfg.plan(node.task.cut_layer)
+    start, end = plan.start, plan.end
+    model = slot.model(start, end)
+    if plan.own_data:
+        if plan.replies_activations:
+            return Message(node.forward(slot, model, start, end, plan.batch_size), reply_to=msg)
+        record, x, y = node.sample(plan.batch_size)
+        record["start"], record["end"] = start, end
     else:
         acts, labels = P.array_of(msg.content, P.ACTIVATIONS), P.get_array(msg.content, P.LABELS)
         x = node.on_device(P.record_tensor(acts, "x"))
@@ -53,24 +54,24 @@ def train_forward(msg: Message, context: Context) -> Message:
         inputs = {"x": P.canonical(acts["x"])} if labels is None else \
             {"x": P.canonical(acts["x"]), "y": P.canonical(labels["y"])}
         slot.put("input", P.array_record(inputs))
-        record = ConfigRecord({"start": cfg.start, "end": end})
+        record = ConfigRecord({"start": start, "end": end})
     record[RNG_SEED] = seed = node.forward_seed()
     slot.put("batch", record)
-    if not cfg.loss:
-        out = slot.run_forward(model, x, seed, cfg.start)
+    if plan.replies_activations:
+        out = slot.run_forward(model, x, seed, start)
         content = RecordDict({P.ACTIVATIONS: P.tensor_record("x", out)})
-        if y is not None:
-            content[P.LABELS] = P.array_record({"y": inputs["y"]}) if cfg.start > 0 else P.tensor_record("y", y)
+        if plan.replies_labels(y is not None):
+            content[P.LABELS] = P.tensor_record("y", y) if plan.own_data else P.array_record({"y": inputs["y"]})
         return Message(content, reply_to=msg)
     if y is None:
         raise ValueError("train.forward with loss=true needs labels")
-    x.requires_grad_(cfg.start > 0)
+    x.requires_grad_(not plan.own_data)
     model.train()
     with fixed_rng(seed, node.device):
         loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     slot.apply_gradients(model, cfg)
-    content = RecordDict({**_input_gradient_record(x, cfg.start),
+    content = RecordDict({**_input_gradient_record(x, start),
                           P.INFO: ConfigRecord({P.INFO_LOSS: float(loss.detach())})})
     return Message(content, reply_to=msg)
 

@@ -223,7 +223,7 @@ def time_oracle(cfg: dict[str, Any], order: Sequence[Sequence[Sequence[int]]] | 
     its seconds and results."""
     from fl_app.config import RunConfig
     from fl_app.task import load_task
-    from strategies.ringsfl import overlap_counts, parse_lengths, ring_path
+    from strategies.ring_schedule import overlap_counts, parse_lengths, ring_path
 
     rc = RunConfig.from_mapping(cfg)
     task = load_task(rc)
