@@ -129,12 +129,8 @@ class SFLStrategy(Strategy):
 
     def __init__(self, cfg: RunConfig, task: Task, *, clock: Clock, timing: Timing,
                  recorder: Any = None, progress: bool = True) -> None:
-        self.cfg = cfg
-        self.task = task
-        self.clock = clock
-        self.timing = timing
-        self.recorder = recorder
-        self.progress = progress
+        self.cfg, self.task, self.clock, self.timing = cfg, task, clock, timing
+        self.recorder, self.progress = recorder, progress
         self.global_iteration = 0
         self.server_updates = 0
         #: the clients: handshake, re-admission, selection, exclusion

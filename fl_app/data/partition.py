@@ -320,23 +320,12 @@ def _partition_compute(
         partitioner = fp.InnerDirichletPartitioner(partition_sizes=list(extra), partition_by="label", alpha=alpha,
                                                    shuffle=True, seed=seed)
     elif scheme == "dirichlet":
-        partitioner = fp.DirichletPartitioner(
-            num_partitions=num_partitions,
-            partition_by="label",
-            alpha=alpha,
-            min_partition_size=min_size,
-            self_balancing=False,
-            shuffle=True,
-            seed=seed,
-        )
+        partitioner = fp.DirichletPartitioner(num_partitions=num_partitions, partition_by="label", alpha=alpha,
+                                              min_partition_size=min_size, self_balancing=False, shuffle=True,
+                                              seed=seed)
     else:
-        partitioner = fp.ShardPartitioner(
-            num_partitions=num_partitions,
-            partition_by="label",
-            num_shards_per_partition=shards,
-            shuffle=True,
-            seed=seed,
-        )
+        partitioner = fp.ShardPartitioner(num_partitions=num_partitions, partition_by="label",
+                                          num_shards_per_partition=shards, shuffle=True, seed=seed)
     # Arrow format: the partitioners read whole columns; a pyarrow column converts
     # to numpy at once, where the default format's Column iterates row by row.
     ds = hf.Dataset.from_dict({"label": labels, "idx": idx}).with_format("arrow")
