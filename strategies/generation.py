@@ -37,69 +37,10 @@ covariance, Sigma_y + r*I (full) or diag(Sigma_y) + r (diagonal); pass
 the per-dimension variances (the diagonal of the full-mode result) and samples
 independent coordinates, as GAS's reference code does for ResNet.
 
-Why full covariance is cheap here
----------------------------------
-The straightforward implementation keeps Sigma_y and, at every flush, builds
-``MultivariateNormal(mu_y, Sigma_y + r*I)`` -- a D^3/3 Cholesky (twice, with
-argument validation) per label, D = 3136 for AlexNet's 64x7x7 cut. Instead we
-keep, per label, an exact *factored* form that is never refactorised from
-scratch at a flush::
-
-    Sigma_y + r*I = c * L L^T + K K^T + (1 - c) * r * I
-
-* L (D x D, lower triangular) is the Cholesky factor of G + r*I, where G is
-  Sigma_y as it was at the last "compression"; c (0 < c <= 1) is the factor by
-  which that old part has been down-weighted since (c = 0 before the first
-  compression, when there is no L). G itself is not stored: L L^T - r*I
-  gives it back when needed.
-* K (D x j) holds the columns added since: a flush's contribution to the
-  covariance is low rank, namely (from the merge formula above)
-  ``Sigma = a*Sigma_o + sum_i (w/W)(x_i - mu_b)(x_i - mu_b)^T
-  + a*b*(mu_o - mu_b)(mu_o - mu_b)^T``, so a flush only rescales the old
-  columns by sqrt(a), multiplies c by a, and appends the k+1 columns
-  sqrt(w/W)(x_i - mu_b) and sqrt(a*b)(mu_o - mu_b). No D x D work.
-* Sampling is z = mu + sqrt(c) L e1 + K e2 + sqrt((1-c) r) e3 with independent
-  standard normal e1, e2, e3, whose covariance is c(G + rI) + KK^T + (1-c)rI
-  = Sigma_y + r*I: exactly the target distribution, for O(D(D+j)) per sample.
-* When K has more than ``max_pending`` columns (default D/2; before the first
-  compression, more than D), it is folded
-  in: L <- chol(c L L^T + K K^T + (1 - c) r I) = chol(G' + r*I) for the new
-  G' = c*G + K K^T, formed and factorised in float64; c <- 1, K <- []. This
-  costs about two D^3/3 products per ``max_pending`` absorbed columns instead
-  of one Cholesky per label per flush, and is exact up to the rounding of the
-  stored factors. If rounding makes G' + r*I numerically indefinite (only
-  possible when r is tiny relative to ||Sigma||), L falls back to
-  V sqrt(max(lambda, 0) + r) from an eigendecomposition of G'.
-* The products that meet a triangle (K K^T into G's lower triangle, e1 L^T)
-  are done by row blocks that skip the zero half, like BLAS syrk/trmm.
-
-Every column enters the covariance once (about D^2 flops), so the per-flush
-cost is O(D^2 * new columns) plus the sampling, with one Cholesky every
-``max_pending`` columns; labels that received nothing in a flush are not
-touched at all. ``simulation/bench/generation.py`` measures it against the
-straightforward implementation.
-
-Precision and memory: the mean and all weights are float64. The factor L and
-the pending columns K are stored once, in ``factor_dtype`` (float32 by
-default): ``mean()`` matches eq. 11 to float64 rounding, ``covariance()``
-(computed in float64 from the stored factors) matches eq. 12 to float32
-rounding (relative ~1e-7, well below r = 1e-5 for activations of order 1),
-and the samples (float32 either way) come from that covariance. Pass
-``factor_dtype=torch.float64`` for float64 statistics throughout. L is kept
-as the row slabs L[r0:r1, :r1] of its lower triangle (9/16 of D*D for large
-D). In full mode a label that has received activations holds, in
-``factor_dtype``, up to about D + 2*batch pending columns of D values before
-its first compression, then the slabs and up to about max_pending + 2*batch
-pending columns; a label never seen holds nothing. With float32 that is at
-most about 4.3*D*D bytes: 42 MB for D = 3136 and 72 MB for D = 4096 (it was
-up to 18*D*D bytes, 177 MB at D = 3136, with float64 G and K kept beside the
-float32 copies). A compression
-needs about 2*8*D*D bytes of float64 scratch for one label at a time.
-Exact full covariance needs at least D*(D+1)/2 numbers per label once the
-label has seen more than D activations (34 MB in float32 at D = 4096), so 100
-such labels cannot fit in 2 GB with exact sampling; see
-``python -m simulation.bench.generation --memory`` for measured figures. Everything
-lives on the CPU; pass a CPU ``torch.Generator`` for reproducible samples.
+Full covariance is stored per label in an exact factored form that is updated
+by low-rank columns and refactorised only every ``max_pending`` columns;
+``strategies/gaussian_factors.py`` explains it, its cost, precision and memory.
+Everything lives on the CPU; pass a CPU ``torch.Generator`` for reproducible samples.
 """
 
 from __future__ import annotations
@@ -109,6 +50,15 @@ import math
 import torch
 
 from fl_app.errors import ConfigError
+from strategies.gaussian_factors import (
+    WORK_DTYPE,
+    LabelState,
+    block_bounds,
+    compress,
+    dense_factor,
+    scaled_pending,
+    trmm_lower,
+)
 
 __all__ = [
     "WEIGHTINGS",
@@ -128,9 +78,6 @@ COVARIANCES = ("full", "diagonal")
 EXPONENTIAL_RATE = 0.1
 #: b in the paper's polynomial weighting s(n) = a * n**b (a = 1).
 POLYNOMIAL_POWER = 2.0
-
-_DTYPE = torch.float64
-
 
 def _check_weighting(kind: str) -> None:
     if kind not in WEIGHTINGS:
@@ -182,74 +129,6 @@ def progress_weight(n: int, kind: str = "linear") -> float:
     except OverflowError:
         return math.inf
 
-
-def _block_bounds(dim: int, max_blocks: int = 8, min_block: int = 256) -> list[int]:
-    """Row-block boundaries for the triangular products below (one block for small D)."""
-    p = min(max_blocks, max(1, dim // min_block))
-    return [round(dim * i / p) for i in range(p + 1)]
-
-
-def _syrk_lower_(G: torch.Tensor, Kt: torch.Tensor, beta: float, bounds: list[int], alpha: float = 1.0) -> None:
-    """G <- beta*G + alpha * Kt^T Kt on the lower block triangle of G (row blocks ``bounds``).
-
-    Only the blocks on or below the diagonal are written (about half the flops
-    of a full product); blocks above the diagonal are left as they were and must
-    not be read. With beta == 0, G's old contents are ignored (even NaN).
-    """
-    for r0, r1 in zip(bounds[:-1], bounds[1:]):
-        G[r0:r1, :r1].addmm_(Kt[:, r0:r1].T, Kt[:, :r1], beta=beta, alpha=alpha)
-
-
-def _trmm_lower(mean: torch.Tensor, e: torch.Tensor, slabs: list[torch.Tensor], alpha: float,
-                bounds: list[int]) -> torch.Tensor:
-    """mean + alpha * e @ L^T for lower-triangular L stored as row slabs (see :func:`_to_slabs`)."""
-    out = torch.empty((e.shape[0], bounds[-1]), dtype=slabs[0].dtype)
-    for (r0, r1), slab in zip(zip(bounds[:-1], bounds[1:]), slabs):
-        torch.addmm(mean[r0:r1], e[:, :r1], slab.T, alpha=alpha, out=out[:, r0:r1])
-    return out
-
-
-def _to_slabs(L: torch.Tensor, bounds: list[int], dtype: torch.dtype) -> list[torch.Tensor]:
-    """Lower-triangular L [D, D] as row slabs ``L[r0:r1, :r1]`` (copies in ``dtype``).
-
-    The slabs skip the zero blocks above the diagonal: with p row blocks they
-    hold (p+1)/(2p) of D*D values (9/16 for the 8 blocks of large D).
-    """
-    return [L[r0:r1, :r1].to(dtype, copy=True) for r0, r1 in zip(bounds[:-1], bounds[1:])]
-
-
-def _from_slabs(slabs: list[torch.Tensor], bounds: list[int], dtype: torch.dtype) -> torch.Tensor:
-    """The dense lower-triangular [D, D] matrix (zeros above the diagonal blocks) of row slabs."""
-    D = bounds[-1]
-    L = torch.zeros((D, D), dtype=dtype)
-    for (r0, r1), slab in zip(zip(bounds[:-1], bounds[1:]), slabs):
-        L[r0:r1, :r1] = slab
-    return L
-
-
-def _sym_from_lower(G: torch.Tensor) -> torch.Tensor:
-    return torch.tril(G) + torch.tril(G, -1).T
-
-
-class _LabelState:
-    """Statistics of one label. See the module docstring for the representation."""
-
-    __slots__ = ("count", "logw", "mean", "var", "L", "L_full", "c", "K", "sc", "j")
-
-    def __init__(self) -> None:
-        self.count = 0  # activations seen
-        self.logw = -math.inf  # log of the total weight S
-        self.mean: torch.Tensor | None = None  # [D] float64
-        self.var: torch.Tensor | None = None  # [D] float64 (diagonal mode)
-        # chol(G + r I), G = Sigma at the last compression, in factor_dtype: the
-        # row slabs L[r0:r1, :r1] of the lower triangle, or [L] (a full [D, D]
-        # factor) after the eigh fallback. G itself is not kept.
-        self.L: list[torch.Tensor] | None = None
-        self.L_full = False  # L is a full (eigh fallback) rather than triangular factor
-        self.c = 0.0  # weight of the compressed part
-        self.K: torch.Tensor | None = None  # [cap, D] pending columns, as rows (factor_dtype)
-        self.sc: torch.Tensor | None = None  # [cap] per-column scale (float64)
-        self.j = 0  # number of pending columns in use
 
 
 class LabelGaussians:
@@ -319,11 +198,11 @@ class LabelGaussians:
         self.weighting = weighting
         self.max_pending = max_pending
         self.factor_dtype = factor_dtype
-        self._bounds = _block_bounds(dim)
+        self._bounds = block_bounds(dim)
         self._max_rows = 0  # the most columns one flush has added to a label
         self.num_updates = 0  # the progress n of the last update
         self.num_compressions = 0
-        self._states = [_LabelState() for _ in range(num_classes)]
+        self._states = [LabelState() for _ in range(num_classes)]
 
     # ------------------------------------------------------------------ state
     @property
@@ -331,13 +210,13 @@ class LabelGaussians:
         """Whether only per-dimension variances are kept."""
         return self.covariance_kind == "diagonal"
 
-    def _state(self, label: int) -> _LabelState:
+    def _state(self, label: int) -> LabelState:
         label = int(label)
         if not 0 <= label < self.num_classes:
             raise ValueError(f"label {label} out of range [0, {self.num_classes})")
         return self._states[label]
 
-    def _stats(self, label: int) -> _LabelState:
+    def _stats(self, label: int) -> LabelState:
         st = self._state(label)
         if st.count == 0:
             raise RuntimeError(f"no activation statistics for label {int(label)} yet")
@@ -419,7 +298,7 @@ class LabelGaussians:
         log_s = log_progress_weight(n, self.weighting)
         # One stable sort groups the flush by label (ascending).
         order = torch.argsort(labels, stable=True)
-        x = x.to("cpu")[order].to(_DTYPE)
+        x = x.to("cpu")[order].to(WORK_DTYPE)
         counts = torch.bincount(labels, minlength=self.num_classes).tolist()
         start = 0
         for y, k in enumerate(counts):
@@ -427,7 +306,7 @@ class LabelGaussians:
                 self._fold(self._states[y], x[start : start + k], log_s)
                 start += k
 
-    def _fold(self, st: _LabelState, xb: torch.Tensor, log_s: float) -> None:
+    def _fold(self, st: LabelState, xb: torch.Tensor, log_s: float) -> None:
         k = xb.shape[0]
         mu_b = xb.mean(dim=0)
         dev = xb - mu_b  # [k, D]
@@ -466,11 +345,13 @@ class LabelGaussians:
             # there bit-identical to the earlier two-copy storage.
             limit = self.dim if st.L is None else self.max_pending
             if st.j > limit:
-                self._compress(st)
+                compress(st, self.regulariser, self._bounds, self.factor_dtype,
+                         self.max_pending + 2 * self._max_rows)
+                self.num_compressions += 1
         st.count += k
         st.logw = logw
 
-    def _append(self, st: _LabelState, rows: torch.Tensor, scale: float) -> None:
+    def _append(self, st: LabelState, rows: torch.Tensor, scale: float) -> None:
         m = rows.shape[0]
         need = st.j + m
         self._max_rows = max(self._max_rows, m)
@@ -480,7 +361,7 @@ class LabelGaussians:
             limit = self.dim if st.L is None else self.max_pending
             cap = max(need, min(max(2 * old, 64), limit + 2 * self._max_rows))
             K = torch.empty((cap, self.dim), dtype=self.factor_dtype)
-            sc = torch.empty(cap, dtype=_DTYPE)
+            sc = torch.empty(cap, dtype=WORK_DTYPE)
             if st.j:
                 K[: st.j] = st.K[: st.j]
                 sc[: st.j] = st.sc[: st.j]
@@ -488,66 +369,6 @@ class LabelGaussians:
         st.K[st.j : need] = rows
         st.sc[st.j : need] = scale
         st.j = need
-
-    def _pending(self, st: _LabelState) -> torch.Tensor:
-        """K^T with its scales applied: [j, D] float64 (a new tensor)."""
-        return st.K[: st.j].to(_DTYPE) * st.sc[: st.j, None]
-
-    def _factor(self, st: _LabelState) -> torch.Tensor:
-        """The factor L as a dense [D, D] float64 tensor (a new tensor)."""
-        if st.L_full:
-            return st.L[0].to(_DTYPE, copy=True)
-        return _from_slabs(st.L, self._bounds, _DTYPE)
-
-    def _compress(self, st: _LabelState) -> None:
-        """Fold the pending columns into the factor and refactor: exact, amortised.
-
-        With G the covariance at the last compression, L L^T = G + r I, so
-        G' + r I = c L L^T + K K^T + (1 - c) r I for the new G' = c G + K K^T:
-        formed in float64 (lower block triangle), factorised, and stored again
-        in ``factor_dtype``. Neither G nor a float64 L outlives the call.
-        """
-        D = self.dim
-        r = self.regulariser
-        M = torch.empty((D, D), dtype=_DTYPE)
-        if st.L is None:
-            Ks = self._pending(st)
-            _syrk_lower_(M, Ks, 0.0, self._bounds)
-            M.diagonal().add_(r)
-        else:
-            Lf = self._factor(st)
-            if st.L_full:
-                _syrk_lower_(M, Lf.T, 0.0, self._bounds, alpha=st.c)
-            else:  # c L L^T by row blocks; L[r0:r1, m] = 0 for m >= r1
-                for r0, r1 in zip(self._bounds[:-1], self._bounds[1:]):
-                    torch.mm(Lf[r0:r1, :r1], Lf[:r1, :r1].T, out=M[r0:r1, :r1])
-                    M[r0:r1, :r1].mul_(st.c)
-            del Lf
-            Ks = self._pending(st)
-            _syrk_lower_(M, Ks, 1.0, self._bounds)
-            M.diagonal().add_((1.0 - st.c) * r)
-        del Ks
-        st.L = None  # free the old factor before the new one is allocated
-        L, info = torch.linalg.cholesky_ex(M)  # LAPACK potrf: reads the lower triangle only
-        if int(info) != 0:  # numerically indefinite: exact-up-to-rounding fallback
-            del L
-            M.diagonal().sub_(r)
-            evals, evecs = torch.linalg.eigh(_sym_from_lower(M))
-            del M
-            st.L = [(evecs * torch.sqrt(evals.clamp_min(0.0) + r)).to(self.factor_dtype)]  # full
-            st.L_full = True
-        else:
-            del M
-            st.L = _to_slabs(L, self._bounds, self.factor_dtype)
-            st.L_full = False
-        st.c = 1.0
-        st.j = 0
-        # The pending buffer is empty now; after the first compression (which
-        # may need up to D columns) shrink it to what max_pending needs.
-        target = self.max_pending + 2 * self._max_rows
-        if st.K.shape[0] > 1.5 * target:
-            st.K = st.sc = None
-        self.num_compressions += 1
 
     # ------------------------------------------------------------- read-outs
     def mean(self, label: int) -> torch.Tensor:
@@ -562,14 +383,14 @@ class LabelGaussians:
         if self.diagonal:
             return st.var + r
         if st.L is not None:  # c G = c (L L^T - r I)
-            Lf = self._factor(st)
+            Lf = dense_factor(st, self._bounds)
             S = (Lf @ Lf.T).mul_(st.c)
             del Lf
             S.diagonal().sub_(st.c * self.regulariser)
         else:
-            S = torch.zeros((self.dim, self.dim), dtype=_DTYPE)
+            S = torch.zeros((self.dim, self.dim), dtype=WORK_DTYPE)
         if st.j:
-            Ks = self._pending(st)
+            Ks = scaled_pending(st)
             S.addmm_(Ks.T, Ks)
         if r:
             S.diagonal().add_(r)
@@ -586,10 +407,10 @@ class LabelGaussians:
         st = self._stats(label)
         parts = []
         if st.L is not None:
-            parts.append(self._factor(st).mul_(math.sqrt(st.c)))
+            parts.append(dense_factor(st, self._bounds).mul_(math.sqrt(st.c)))
         if st.j:
-            parts.append(self._pending(st).T)
-        F = torch.cat(parts, dim=1) if parts else torch.zeros((self.dim, 0), dtype=_DTYPE)
+            parts.append(scaled_pending(st).T)
+        F = torch.cat(parts, dim=1) if parts else torch.zeros((self.dim, 0), dtype=WORK_DTYPE)
         return F, max(0.0, 1.0 - st.c) * self.regulariser
 
     # --------------------------------------------------------------- sampling
@@ -603,7 +424,7 @@ class LabelGaussians:
         if n == 0:
             return torch.empty((0, D), dtype=torch.float32)
         if self.diagonal:
-            eps = torch.randn((n, D), generator=generator, dtype=_DTYPE)
+            eps = torch.randn((n, D), generator=generator, dtype=WORK_DTYPE)
             out = eps.mul_(torch.sqrt(st.var + self.regulariser)).add_(st.mean)
             return out.to(torch.float32)
         dt = self.factor_dtype
@@ -614,7 +435,7 @@ class LabelGaussians:
             if st.L_full:
                 out = torch.addmm(mean, eps[:, :D], st.L[0].T, alpha=math.sqrt(st.c))
             else:
-                out = _trmm_lower(mean, eps[:, :D], st.L, math.sqrt(st.c), self._bounds)
+                out = trmm_lower(mean, eps[:, :D], st.L, math.sqrt(st.c), self._bounds)
         else:
             out = mean.expand(n, D).clone()
         if st.j:  # K e2 with K = (Kt * sc)^T

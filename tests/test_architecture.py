@@ -39,7 +39,6 @@ MAX_MODULE_LINES = 500
 #: "path::Class" for a strategy class): strict xfails until then. Empty it when they have landed.
 PENDING_ISSUE_22 = frozenset({
     "strategies/base.py",
-    "strategies/generation.py",
 })
 
 

@@ -1,4 +1,4 @@
-"""Tests for strategies/generation.py: GAS per-label Gaussians (eqs. 11-12)."""
+"""Tests for strategies/generation.py and strategies/gaussian_factors.py: GAS per-label Gaussians (eqs. 11-12)."""
 
 import math
 
