@@ -10,12 +10,14 @@ receives data and callbacks, not the strategy:
   gathering through the :class:`~strategies.dispatcher.Dispatcher`, due
   times from the :class:`~strategies.clock.Timing`, metering (``bytes_up``,
   ``bytes_down``), reply validation (:mod:`strategies.validation`);
-* evaluation (:func:`strategies.evaluation.evaluate_models`);
-* checkpointing (:func:`strategies.checkpoint.save_run`, :func:`~strategies.checkpoint.load_run`);
-* requests (:class:`~strategies.requests.RequestBuilder`): typed configs to timed requests.
+* evaluation (:func:`strategies.evaluation.evaluate_models`) and the metric
+  rows and summary (:mod:`strategies.metrics`);
+* checkpointing (:class:`~strategies.checkpoint.Checkpointer`);
+* requests (:class:`~strategies.requests.RequestBuilder`): typed configs to timed requests;
+* the progress bar (:mod:`strategies.progress`).
 
 The base class delegates to them with thin methods (``connect``, ``select``,
-``send``, ``gather``, ...) that subclasses call.
+``send``, ``gather``, ``local_steps``, ...) that subclasses call.
 
 Loop shapes:
 
@@ -86,7 +88,8 @@ from fl_app.device import resolve_device, to_device
 from fl_app.models import BlockModel
 from fl_app.task import Task
 from strategies import checkpoint as ckpt
-from strategies.checkpoint import CHECKPOINT_UNSUPPORTED
+from strategies import metrics, progress
+from strategies.checkpoint import CHECKPOINT_UNSUPPORTED, Checkpointer
 from strategies.clock import Clock, Timing
 from strategies.dispatcher import Dispatcher, Pending, Reply, Request
 from strategies.errors import DivergedError, RunFailedError, check_loss
@@ -151,13 +154,9 @@ class SFLStrategy(Strategy):
         self.requests = RequestBuilder(self.costs, task.cut_layer)
         self._wall0 = time.monotonic()
         self._bar: Any = None
-        #: where :meth:`maybe_checkpoint` writes (set by the runner when ``checkpoint-every`` > 0)
-        self.checkpoint_path: Path | None = None
-        #: the checkpoint :meth:`start` resumes from instead of starting afresh (set by the runner)
-        self.resume_from: Path | None = None
-        #: global iteration of the last checkpoint written or resumed from
-        self._checkpointed = 0
-        self._resumed = False
+        #: when and where checkpoints are written, and the resume (:class:`~strategies.checkpoint.Checkpointer`)
+        self.checkpoints = Checkpointer(self.name, self.checkpoint_state, self.load_checkpoint_state,
+                                        self._environment, self._new_dispatcher)
         self._run_start = 0.0
 
     # ------------------------------------------------------------------ Flower API
@@ -227,14 +226,14 @@ class SFLStrategy(Strategy):
         try:
             if self.resume_from is not None:  # everything below comes from the checkpoint
                 self.restore_checkpoint(grid, self.resume_from)
-                self._open_progress()
             else:
                 self.connect(grid, timeout if timeout is not None else self.cfg.node_timeout,
                              meanwhile=lambda: self.prepare(initial_arrays))
-                self._open_progress()
+            self._bar = progress.open_bar(self.progress, self.cfg.global_iterations, self.global_iteration, self.name)
+            if not self.checkpoints.resumed:
                 self.evaluate_and_record()
             if not self.should_stop():
-                if not self._resumed:
+                if not self.checkpoints.resumed:
                     self.eval_seconds = 0.0  # count only the evaluations inside run()
                 self._run_start = time.perf_counter() - self.run_seconds
                 try:
@@ -252,7 +251,8 @@ class SFLStrategy(Strategy):
             self.status = f"interrupted: {type(err).__name__}"
             raise
         finally:
-            self._close_progress()
+            progress.close_bar(self._bar)
+            self._bar = None
             if self.recorder is not None:
                 self.recorder.finish(self.summary_dict())
         result = Result(arrays=P.state_record(self.global_model().state_dict()))
@@ -304,9 +304,7 @@ class SFLStrategy(Strategy):
         if initial_arrays is not None:
             self.global_model().load_state_dict(P.record_state(initial_arrays))
         if type(self).evaluation_models is SFLStrategy.evaluation_models:  # per-client models need the clients
-            t0 = time.perf_counter()
-            self._early_evaluation = self.evaluate_global(full=False)
-            self.eval_seconds += time.perf_counter() - t0
+            self._early_evaluation = self._timed_evaluation(full=False)
 
     # ------------------------------------------------------------------ membership (delegated)
     clients = property(lambda self: self.membership.clients, lambda self, v: setattr(self.membership, "clients", v),
@@ -347,32 +345,18 @@ class SFLStrategy(Strategy):
         return self.membership.select(k, exclude)
 
     def local_steps(self, pid: int, batch: int | None = None) -> int:
-        """Client ``pid``'s local iterations in one local round (E).
-
-        ``local-iterations``; or, with ``local-epochs=N > 0``, ``N`` passes over
-        its own partition of ``|D_k|`` examples: ``N·⌊|D_k|/b⌋`` steps of
-        ``b = batch`` (default ``batch-size``) examples, at least ``N`` (the
-        RingSFL authors' loaders drop the last partial batch, as sflower's
-        sampler does). With unequal partitions the counts differ per client.
-        """
-        c = self.cfg
-        if not c.local_epochs:
-            return c.local_iterations
-        return c.local_epochs * max(1, self.clients[pid].num_examples // (batch or c.batch_size))
+        """Client ``pid``'s local iterations in one local round, E (:meth:`Membership.local_steps
+        <strategies.membership.Membership.local_steps>`; ``batch``: default ``batch-size``)."""
+        return self.membership.local_steps(pid, self.cfg, batch)
 
     def cohort_steps(self, members: Sequence[int]) -> int:
-        """Steps of a round that feeds every member in lockstep or in turn: the most of the
-        members' :meth:`local_steps` (``local-iterations`` without ``local-epochs``).
-
-        RingSFL's round (every step feeds one batch of every member; a member whose
-        partition runs out starts its next pass) and vanilla SL's ``sl-order=batch``
-        round, which RingSFL §6 counts as ``local_epoch_num × batch_num`` steps, a
-        client's batches per epoch, not the cohort's."""
-        return max(self.local_steps(int(p)) for p in members)
+        """Steps of a round that feeds every member in lockstep or in turn (:meth:`Membership.cohort_steps
+        <strategies.membership.Membership.cohort_steps>`)."""
+        return self.membership.cohort_steps(members, self.cfg)
 
     def aggregation_weight(self, pid: int) -> float:
         """Weight of a client's model in averaging: ``|D_k|`` (GAS eq. 10), or 1 with ``aggregation=uniform``."""
-        return 1.0 if self.cfg.aggregation == "uniform" else float(self.clients[pid].num_examples)
+        return self.membership.aggregation_weight(pid, self.cfg)
 
     # ------------------------------------------------------------------ exchange (delegated)
     dispatcher = property(lambda self: self.exchange.dispatcher,
@@ -475,38 +459,34 @@ class SFLStrategy(Strategy):
         if self._early_evaluation is not None and not final:  # the initial evaluation, made by prepare()
             (loss, acc, per_client), self._early_evaluation = self._early_evaluation, None
         else:
-            t0 = time.perf_counter()
-            loss, acc, per_client = self.evaluate_global(full=final)
-            self.eval_seconds += time.perf_counter() - t0
-        row = {
-            "global_iteration": self.global_iteration,
-            "server_updates": self.server_updates,
-            "virtual_time_s": round(self.clock.now(), 6),
-            "wall_time_s": round(time.monotonic() - self._wall0, 3),
-            "test_accuracy": acc,
-            "test_loss": loss,
-            "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down,
-            "exchanges": self.dispatcher.exchanges if self.dispatcher else 0,
-            **per_client,
-            **self.extra_metrics(),
-        }
-        self.rows.append(row)
-        if not (acc <= self.best_accuracy):
-            self.best_accuracy = acc
-        if self.recorder is not None:
-            self.recorder.append(row)
-        if self._bar is not None:
-            self._bar.set_postfix(acc=f"{acc:.4f}", vtime=f"{self.clock.now():.1f}s")
+            loss, acc, per_client = self._timed_evaluation(full=final)
+        counters = self.counters()
+        row = metrics.metric_row(counters, loss, acc, {**per_client, **self.extra_metrics()})
+        self.best_accuracy = metrics.record(row, self.rows, self.best_accuracy, self.recorder)
+        progress.show(self._bar, acc, counters["virtual_time_s"])
         if not math.isfinite(loss):
             raise DivergedError(f"test loss is {loss} at global iteration {self.global_iteration}")
         return row
 
+    def _timed_evaluation(self, full: bool) -> tuple[float, float, dict[str, float]]:
+        """:meth:`evaluate_global`, its wall seconds counted in :attr:`eval_seconds`."""
+        t0 = time.perf_counter()
+        result = self.evaluate_global(full=full)
+        self.eval_seconds += time.perf_counter() - t0
+        return result
+
+    def counters(self) -> dict[str, Any]:
+        """The run's counters now (iterations, updates, virtual and wall seconds, bytes, exchanges), for
+        :mod:`strategies.metrics`."""
+        return {"global_iteration": self.global_iteration, "server_updates": self.server_updates,
+                "virtual_time_s": self.clock.now(), "wall_time_s": time.monotonic() - self._wall0,
+                "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
+                "exchanges": self.dispatcher.exchanges if self.dispatcher else 0}
+
     def end_global_iteration(self) -> None:
         """Count a global iteration; evaluate when due."""
         self.global_iteration += 1
-        if self._bar is not None:
-            self._bar.update(1)
+        progress.tick(self._bar)
         every = self.cfg.eval_every
         last = self.global_iteration >= self.cfg.global_iterations
         if (every and self.global_iteration % every == 0) or last:
@@ -527,41 +507,25 @@ class SFLStrategy(Strategy):
     check_loss = staticmethod(check_loss)
 
     def summary_dict(self) -> dict[str, Any]:
-        """The summary.json content."""
-        last = self.rows[-1] if self.rows else {}
-        return {
-            "strategy": self.name,
-            "status": self.status,
-            "final_accuracy": last.get("test_accuracy", float("nan")),
-            "best_accuracy": self.best_accuracy,
-            "final_loss": last.get("test_loss", float("nan")),
-            "global_iterations": self.global_iteration,
-            "server_updates": self.server_updates,
-            "virtual_time_s": self.clock.now(),
-            "wall_time_s": time.monotonic() - self._wall0,
-            "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down,
-            "exchanges": self.dispatcher.exchanges if self.dispatcher else 0,
-            "failed_clients": sorted(self.failed),
-            "failure_reasons": {str(p): self.failure_reasons[p] for p in sorted(self.failure_reasons)},
-            # the handshake's sizes: with device-local data, the server's own partition_sizes do not apply
-            "client_examples": {str(p): self.clients[p].num_examples for p in sorted(self.clients)},
-            "server_compute_s": self.server_compute_seconds(),
-        }
-
-    def server_compute_seconds(self) -> float:
-        """Wall seconds of the strategy's loop outside the dispatcher and evaluation: server-side compute."""
+        """The summary.json content (:func:`strategies.metrics.summary`)."""
         waited = self.dispatcher.seconds if self.dispatcher else 0.0
-        return max(0.0, self.run_seconds - waited - self.eval_seconds)
+        return metrics.summary(self.name, self.status, self.rows, self.best_accuracy, self.counters(),
+                               self.membership.summary(),
+                               metrics.server_compute_seconds(self.run_seconds, waited, self.eval_seconds))
 
     # ------------------------------------------------------------------ checkpoints
     #: Attributes that are not server state: the run's environment (the resumed run brings its own),
-    #: wall-clock bookkeeping (saved as elapsed seconds). The exchange leaves out its dispatcher (saved by its
-    #: own state_dict).
+    #: wall-clock bookkeeping (saved as elapsed seconds), the checkpointing itself. The exchange leaves out its
+    #: dispatcher (saved by its own state_dict).
     NOT_CHECKPOINTED: ClassVar[frozenset[str]] = frozenset({
         "cfg", "task", "clock", "timing", "recorder", "progress", "costs", "requests", "_bar", "_checker",
-        "_wall0", "_run_start", "checkpoint_path", "resume_from", "_resumed",
+        "_wall0", "_run_start", "checkpoints",
     })
+    checkpoint_path = property(lambda self: self.checkpoints.path, lambda self, v: setattr(self.checkpoints, "path", v),
+                               doc="Where :meth:`maybe_checkpoint` writes (set by the runner).")
+    resume_from = property(lambda self: self.checkpoints.resume_from,
+                           lambda self, v: setattr(self.checkpoints, "resume_from", v),
+                           doc="The checkpoint :meth:`start` resumes from instead of starting afresh (set by the runner).")
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Hook: the strategy's server state for a checkpoint (models, optimizers, buffers, generators,
@@ -592,8 +556,7 @@ class SFLStrategy(Strategy):
         (:class:`AsyncStrategy`). No checkpoint is written once the run has
         stopped.
         """
-        every = self.cfg.checkpoint_every
-        if every and self.checkpoint_path is not None and self.global_iteration >= self._checkpointed + every:
+        if self.checkpoints.due(self.cfg.checkpoint_every, self.global_iteration):
             self.write_checkpoint(self.checkpoint_path)
 
     def between_rounds(self) -> None:
@@ -608,64 +571,33 @@ class SFLStrategy(Strategy):
                                  "grid": grid}, self.task)
 
     def write_checkpoint(self, path: str | Path) -> None:
-        """Write the server state to ``path`` (atomically; :func:`strategies.checkpoint.save_run`):
-        :meth:`checkpoint_state`, the dispatcher's pending work, the engine's client state, the clock,
-        the RNG states and the wall seconds so far.
+        """Write the server state to ``path`` (:meth:`Checkpointer.write <strategies.checkpoint.Checkpointer.write>`).
 
         Raises:
             CheckpointError: the grid cannot save its clients' state (Ray, deployment).
         """
         assert self.dispatcher is not None
-        grid = self.dispatcher.grid
-        if not hasattr(grid, "checkpoint_state"):
-            raise ckpt.CheckpointError(CHECKPOINT_UNSUPPORTED)
-        self._checkpointed = self.global_iteration
         meta = {"strategy": self.name, "config": self.cfg.as_dict(), "global_iteration": self.global_iteration,
                 "rows": len(self.rows), "virtual_time_s": self.clock.now()}
-        ckpt.save_run(path, grid, self.checkpoint_state(), self.dispatcher.state_dict(), self.clock.now(),
-                      (time.monotonic() - self._wall0, time.perf_counter() - self._run_start),
-                      self._environment(grid), meta)
-        log.info("checkpoint at global iteration %d -> %s", self.global_iteration, path)
+        self.checkpoints.write(path, self.dispatcher, meta,
+                               (time.monotonic() - self._wall0, time.perf_counter() - self._run_start))
 
     def restore_checkpoint(self, grid: Grid, path: str | Path) -> None:
-        """Continue from a checkpoint instead of the handshake, :meth:`initialize` and the first evaluation.
-
-        Restores the strategy, the clients' state on ``grid``, the pending
-        work (a new :class:`Dispatcher` on ``grid``), the clock, the RNG
-        states, and truncates the recorder's metrics.csv to the rows written
-        by then (``recorder.resume(rows)``).
+        """Continue from a checkpoint instead of the handshake, :meth:`initialize` and the first evaluation
+        (:meth:`Checkpointer.restore <strategies.checkpoint.Checkpointer.restore>`), and truncate the
+        recorder's metrics.csv to the rows written by then (``recorder.resume(rows)``).
 
         Raises:
-            CheckpointError: unreadable file, another strategy or configuration
-                (``checkpoint-every`` and ``output-dir`` may differ), or a grid
-                that cannot restore client state (:func:`strategies.checkpoint.load_run`).
+            CheckpointError: the checkpoint cannot be used (see :func:`strategies.checkpoint.load_run`).
         """
-        state = ckpt.load_run(path, self.name, self.cfg.as_dict(), grid, self._environment(grid), DEFAULTS)
-        self.load_checkpoint_state(state["strategy"])
-        self.dispatcher = self._new_dispatcher(grid)
-        self.dispatcher.load_state_dict(state["dispatcher"])
-        self.clock.resume_at(float(state["clock"]))
-        ckpt.set_rng_state(state["rng"])
-        self._wall0 = time.monotonic() - float(state["wall_s"])
-        self.run_seconds = float(state["run_s"])
+        self.dispatcher, wall_s, self.run_seconds = self.checkpoints.restore(grid, path, self.cfg.as_dict(),
+                                                                             DEFAULTS, self.clock)
+        self.checkpoints.last = self.global_iteration
+        self._wall0 = time.monotonic() - wall_s
         if self.recorder is not None and hasattr(self.recorder, "resume"):
             self.recorder.resume(self.rows)
-        self._resumed = True
         log.info("resumed %s at global iteration %d (virtual time %.3f s) from %s",
                  self.name, self.global_iteration, self.clock.now(), path)
-
-    # ------------------------------------------------------------------ progress
-    def _open_progress(self) -> None:
-        if self.progress:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=self.cfg.global_iterations, initial=self.global_iteration, desc=self.name,
-                             unit="it", leave=True)
-
-    def _close_progress(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
 
 
 class SyncStrategy(SFLStrategy):
@@ -701,7 +633,7 @@ class AsyncStrategy(SFLStrategy):
     def run(self) -> None:
         """Keep ``concurrency`` clients busy; dispatch replies until a stop condition."""
         assert self.dispatcher is not None
-        if not self._resumed:  # a resumed run's clients are at work already (the checkpoint's pending work)
+        if not self.checkpoints.resumed:  # a resumed run's clients are at work already (the checkpoint's pending work)
             for pid in self.select(self.cfg.concurrency):
                 self.launch(pid)
         while not self.should_stop():
