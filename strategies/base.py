@@ -56,15 +56,10 @@ Split strategies add theirs (:class:`strategies.split.SyncSplitStrategy`:
 ``batch_size_for``, ``begin_round``, ``timed_cut``, ``start_weights``,
 ``server_iteration``, ``collect_client_models``, ``end_round``).
 
-**Why subclass Flower's** ``Strategy``. sflower strategies run their own
-event-driven loops, which Flower's per-round ``configure_*``/``aggregate_*``
-methods cannot express, so those four are stubbed (they raise). We keep the
-subclass rather than an adapter because Flower's ServerApp contract is
-``strategy.start(grid, ...) -> Result``, which :meth:`SFLStrategy.start`
-implements directly: a strategy is usable wherever Flower expects its
-``Strategy`` (``isinstance`` checks, type hints, ``flwr run``), with one
-object for one lifecycle. An adapter would add a second object with the same
-lifecycle and its own ``start``, to save four three-line stubs.
+Flower's per-round ``configure_*``/``aggregate_*`` methods are stubbed in
+:class:`strategies.flower_api.EventLoopStrategy` (which says why sflower
+subclasses Flower's ``Strategy``); :meth:`SFLStrategy.start` is Flower's
+``strategy.start(grid, ...) -> Result``.
 """
 
 from __future__ import annotations
@@ -77,9 +72,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Result
 
 from fl_app import protocol as P
 from fl_app.config import DEFAULTS, Option, RunConfig
@@ -88,13 +83,15 @@ from fl_app.device import resolve_device, to_device
 from fl_app.models import BlockModel
 from fl_app.task import Task
 from strategies import checkpoint as ckpt
-from strategies import metrics, progress
+from strategies import metrics
+from strategies import progress as progress_bar
 from strategies.checkpoint import CHECKPOINT_UNSUPPORTED, Checkpointer
 from strategies.clock import Clock, Timing
 from strategies.dispatcher import Dispatcher, Pending, Reply, Request
 from strategies.errors import DivergedError, RunFailedError, check_loss
 from strategies.evaluation import evaluate_models
 from strategies.exchange import Exchange
+from strategies.flower_api import EventLoopStrategy
 from strategies.membership import STREAM_SELECTION, ClientInfo, Membership
 from strategies.requests import RequestBuilder
 from strategies.validation import ReplyChecker, ReplyProblem
@@ -106,7 +103,7 @@ __all__ = ["CHECKPOINT_UNSUPPORTED", "STREAM_SELECTION", "AsyncStrategy", "Clien
 log = logging.getLogger("sflower")
 
 
-class SFLStrategy(Strategy):
+class SFLStrategy(EventLoopStrategy):
     """Base class of all strategies; subclasses supply hooks (listed in the module docstring), not loops.
 
     Args:
@@ -139,7 +136,7 @@ class SFLStrategy(Strategy):
         #: the clients: handshake, re-admission, selection, exclusion
         self.membership = Membership(cfg.seed, task.data.num_classes)
         #: sending, receiving, metering (its dispatcher is made after the handshake)
-        self.exchange = Exchange(clock, self._duration, self.validate_reply, self._exclude)
+        self.exchange = Exchange(clock, self._duration, self.validate_reply, self.membership, self.on_failure)
         self._checker: ReplyChecker | None = None
         self.rows: list[dict[str, Any]] = []
         self.best_accuracy = float("nan")
@@ -158,24 +155,6 @@ class SFLStrategy(Strategy):
         self.checkpoints = Checkpointer(self.name, self.checkpoint_state, self.load_checkpoint_state,
                                         self._environment, self._new_dispatcher)
         self._run_start = 0.0
-
-    # ------------------------------------------------------------------ Flower API
-    # Flower's per-round API is not used: start() runs the strategy's own loop (see the module docstring).
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """Unused: sflower strategies run their own loop in :meth:`start`."""
-        raise NotImplementedError("sflower strategies run their own event loop in start()")
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Unused: see :meth:`configure_train`."""
-        raise NotImplementedError("sflower strategies run their own event loop in start()")
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """Unused: evaluation is centralised, see :meth:`evaluate_global`."""
-        raise NotImplementedError("sflower strategies evaluate centrally")
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Unused: see :meth:`configure_evaluate`."""
-        raise NotImplementedError("sflower strategies evaluate centrally")
 
     @classmethod
     def check_config(cls, cfg: RunConfig, task: Task) -> None:
@@ -229,7 +208,8 @@ class SFLStrategy(Strategy):
             else:
                 self.connect(grid, timeout if timeout is not None else self.cfg.node_timeout,
                              meanwhile=lambda: self.prepare(initial_arrays))
-            self._bar = progress.open_bar(self.progress, self.cfg.global_iterations, self.global_iteration, self.name)
+            self._bar = progress_bar.open_bar(self.progress, self.cfg.global_iterations, self.global_iteration,
+                                              self.name)
             if not self.checkpoints.resumed:
                 self.evaluate_and_record()
             if not self.should_stop():
@@ -251,7 +231,7 @@ class SFLStrategy(Strategy):
             self.status = f"interrupted: {type(err).__name__}"
             raise
         finally:
-            progress.close_bar(self._bar)
+            progress_bar.close_bar(self._bar)
             self._bar = None
             if self.recorder is not None:
                 self.recorder.finish(self.summary_dict())
@@ -406,22 +386,6 @@ class SFLStrategy(Strategy):
             seconds += self.timing.link_duration(request.d2d_bits, self.d2d_bps)
         return seconds
 
-    def _exclude(self, pending: Pending, reason: str, non_finite: bool = False) -> Reply:
-        """Exclude a failed client: cancel its work, call :meth:`on_failure`, return an empty reply.
-
-        Raises:
-            DivergedError: no live client is left and every exclusion was for
-                non-finite values (the run itself diverged).
-            RunFailedError: no live client is left otherwise.
-        """
-        assert self.dispatcher is not None
-        pid = pending.partition_id
-        self.membership.exclude(pid, f"{pending.action}: {reason}", non_finite)
-        self.dispatcher.cancel(pid)
-        self.on_failure(pid, pending.action, reason)
-        self.membership.check_any_left(pid, reason)
-        return Reply(pid, pending.request, None, pending.due, pending.seq)
-
     def validate_reply(self, pid: int, request: Request, content: RecordDict) -> ReplyProblem | None:
         """Hook: why ``content`` is unusable as client ``pid``'s reply to ``request``, or None.
 
@@ -463,7 +427,7 @@ class SFLStrategy(Strategy):
         counters = self.counters()
         row = metrics.metric_row(counters, loss, acc, {**per_client, **self.extra_metrics()})
         self.best_accuracy = metrics.record(row, self.rows, self.best_accuracy, self.recorder)
-        progress.show(self._bar, acc, counters["virtual_time_s"])
+        progress_bar.show(self._bar, acc, counters["virtual_time_s"])
         if not math.isfinite(loss):
             raise DivergedError(f"test loss is {loss} at global iteration {self.global_iteration}")
         return row
@@ -486,7 +450,7 @@ class SFLStrategy(Strategy):
     def end_global_iteration(self) -> None:
         """Count a global iteration; evaluate when due."""
         self.global_iteration += 1
-        progress.tick(self._bar)
+        progress_bar.tick(self._bar)
         every = self.cfg.eval_every
         last = self.global_iteration >= self.cfg.global_iterations
         if (every and self.global_iteration % every == 0) or last:
