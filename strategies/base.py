@@ -5,11 +5,13 @@ to the summary; each concern beside the lifecycle is a collaborator that
 receives data and callbacks, not the strategy:
 
 * membership (:class:`~strategies.membership.Membership`): the ``query.info``
-  handshake, re-admission, seeded selection, exclusion;
+  handshake, re-admission, seeded selection, exclusion, the step counts and
+  averaging weights from the clients' example counts;
 * exchange (:class:`~strategies.exchange.Exchange`): sending, receiving and
   gathering through the :class:`~strategies.dispatcher.Dispatcher`, due
   times from the :class:`~strategies.clock.Timing`, metering (``bytes_up``,
-  ``bytes_down``), reply validation (:mod:`strategies.validation`);
+  ``bytes_down``), reply validation (:mod:`strategies.validation`), the
+  exclusion of a failed client;
 * evaluation (:func:`strategies.evaluation.evaluate_models`) and the metric
   rows and summary (:mod:`strategies.metrics`);
 * checkpointing (:class:`~strategies.checkpoint.Checkpointer`);
@@ -158,10 +160,8 @@ class SFLStrategy(EventLoopStrategy):
 
     @classmethod
     def check_config(cls, cfg: RunConfig, task: Task) -> None:
-        """Strategy-specific checks of a configuration against its task, before anything runs.
-
-        Called by :func:`simulation.server_app.plan_run`, so bad input fails
-        before any output is written. The default accepts everything.
+        """Strategy-specific checks of a configuration against its task, before anything runs (called by
+        :func:`simulation.server_app.plan_run`, so bad input fails before any output). The default accepts all.
 
         Raises:
             ConfigError: the configuration does not fit this strategy (one line).
@@ -235,11 +235,7 @@ class SFLStrategy(EventLoopStrategy):
             self._bar = None
             if self.recorder is not None:
                 self.recorder.finish(self.summary_dict())
-        result = Result(arrays=P.state_record(self.global_model().state_dict()))
-        for row in self.rows:
-            result.evaluate_metrics_serverapp[int(row["global_iteration"])] = MetricRecord(
-                {k: float(v) for k, v in row.items() if isinstance(v, (int, float))})
-        return result
+        return metrics.flower_result(P.state_record(self.global_model().state_dict()), self.rows)
 
     # ------------------------------------------------------------------ hooks
     def initialize(self) -> None:
@@ -270,16 +266,11 @@ class SFLStrategy(EventLoopStrategy):
         """Called after a client's error reply, timeout or malformed reply (it is already excluded)."""
 
     def prepare(self, initial_arrays: ArrayRecord | None = None) -> None:
-        """The server's set-up that needs no client, run while the handshake's replies are on their way.
-
-        :meth:`initialize`, the initial weights (``initial_arrays``, full-model
-        weights, when given) and, when the strategy evaluates one global model
-        (no :meth:`evaluation_models` of its own), the initial evaluation,
-        which :meth:`evaluate_and_record` then records. Overlapping them with
-        the handshake hides the clients' start (a Ray actor's imports, a
-        deployment round trip) behind the server's own work; nothing they
-        compute depends on the handshake, so no number changes.
-        """
+        """The server's set-up that needs no client, run while the handshake's replies are on their way:
+        :meth:`initialize`, the initial weights (``initial_arrays``, full-model weights, when given) and, for one
+        global model (no :meth:`evaluation_models`), the initial evaluation that :meth:`evaluate_and_record`
+        then records. This hides the clients' start (a Ray actor's imports, a deployment round trip) behind
+        the server's own work; nothing it computes depends on the handshake, so no number changes."""
         self.initialize()
         if initial_arrays is not None:
             self.global_model().load_state_dict(P.record_state(initial_arrays))
@@ -289,14 +280,10 @@ class SFLStrategy(EventLoopStrategy):
     # ------------------------------------------------------------------ membership (delegated)
     clients = property(lambda self: self.membership.clients, lambda self, v: setattr(self.membership, "clients", v),
                        doc="Partition id -> :class:`ClientInfo` of every client the handshake registered.")
-    failed = property(lambda self: self.membership.failed, doc="Partition ids excluded after a failure.")
-    failure_reasons = property(lambda self: self.membership.failure_reasons,
-                               doc="Partition id -> ``\"action: reason\"`` of each excluded client.")
     readmit_every_s = 5.0  # kept in step with Membership.readmit_every_s by readmit()
 
     def connect(self, grid: Grid, timeout: float, meanwhile: Callable[[], None] | None = None) -> None:
-        """The handshake (:meth:`Membership.connect <strategies.membership.Membership.connect>`), then the
-        dispatcher for the registered clients' nodes."""
+        """The handshake (:meth:`~strategies.membership.Membership.connect`), then the clients' dispatcher."""
         self.membership.connect(grid, self.cfg, timeout, meanwhile)
         self.dispatcher = self._new_dispatcher(grid)
 
@@ -306,15 +293,10 @@ class SFLStrategy(EventLoopStrategy):
                           timeout=self.cfg.node_timeout)
 
     def readmit(self) -> list[int]:
-        """Re-admit excluded clients whose SuperNode came back (wall clock only; see
-        :meth:`Membership.readmit <strategies.membership.Membership.readmit>`); their messages go to the new node."""
-        if self.dispatcher is None:
-            return []
+        """Re-admit excluded clients whose SuperNode came back (:meth:`Exchange.readmit
+        <strategies.exchange.Exchange.readmit>`, wall clock only)."""
         self.membership.readmit_every_s = self.readmit_every_s
-        back = self.membership.readmit(self.dispatcher.grid, self.cfg)
-        for pid in back:
-            self.dispatcher.node_of[pid] = self.clients[pid].node_id
-        return back
+        return self.exchange.readmit(self.cfg)
 
     def live_clients(self) -> list[int]:
         """Partition ids not excluded after a failure, ascending."""
@@ -356,13 +338,11 @@ class SFLStrategy(EventLoopStrategy):
         return self.exchange.receive(until)
 
     def gather_replies(self, requests: Iterable[tuple[int, Request]], **kwargs: Any) -> list[Reply]:
-        """Send requests and wait for their replies (:meth:`Exchange.gather_replies
-        <strategies.exchange.Exchange.gather_replies>`: ``first``, ``deadline``, ``rest``)."""
+        """Send requests, wait for their replies (:meth:`~strategies.exchange.Exchange.gather_replies`)."""
         return self.exchange.gather_replies(requests, **kwargs)
 
     def gather(self, requests: Mapping[int, Request], **kwargs: Any) -> dict[int, RecordDict]:
-        """One request per client, then wait: ``pid -> reply content`` (:meth:`Exchange.gather
-        <strategies.exchange.Exchange.gather>`)."""
+        """One request per client, then wait: ``pid -> content`` (:meth:`~strategies.exchange.Exchange.gather`)."""
         return self.exchange.gather(requests, **kwargs)
 
     def cancel(self, pid: int) -> int:
@@ -370,12 +350,9 @@ class SFLStrategy(EventLoopStrategy):
         return self.exchange.cancel(pid)
 
     def expected_duration(self, pid: int, request: Request) -> float:
-        """Seconds the timing model expects ``request`` to take on client ``pid``.
-
-        For schedules that adapt to device speed (S²FL's per-client cut,
-        RingSFL's propagation lengths). Random straggler delays are replaced by
-        their mean; nothing is sent and no random draw is consumed.
-        """
+        """Seconds the timing model expects ``request`` to take on client ``pid``, for schedules that adapt to
+        device speed (S²FL's per-client cut, RingSFL's propagation lengths): random straggler delays replaced
+        by their mean; nothing is sent and no random draw is consumed."""
         return self._duration(pid, request, None)
 
     def _duration(self, pid: int, request: Request, draw: int | None) -> float:
@@ -402,12 +379,8 @@ class SFLStrategy(EventLoopStrategy):
         return self._checker.problem(request, content, info.num_examples if info is not None else None)
 
     def evaluation_models(self) -> Mapping[Any, BlockModel] | None:
-        """Per-client full models to evaluate instead of :meth:`global_model`.
-
-        Strategies that keep a client-side model per client (the PSL family)
-        return ``{pid: client_k ∘ server}``; the default None evaluates the
-        one global model.
-        """
+        """Per-client full models to evaluate instead of :meth:`global_model`: ``{pid: client_k ∘ server}`` for
+        strategies that keep a client-side model per client (the PSL family); the default None: the global one."""
         return None
 
     def evaluate_global(self, full: bool = True) -> tuple[float, float, dict[str, float]]:
@@ -478,13 +451,11 @@ class SFLStrategy(EventLoopStrategy):
                                metrics.server_compute_seconds(self.run_seconds, waited, self.eval_seconds))
 
     # ------------------------------------------------------------------ checkpoints
-    #: Attributes that are not server state: the run's environment (the resumed run brings its own),
-    #: wall-clock bookkeeping (saved as elapsed seconds), the checkpointing itself. The exchange leaves out its
-    #: dispatcher (saved by its own state_dict).
+    #: Attributes that are not server state: the run's environment (the resumed run brings its own), wall-clock
+    #: bookkeeping (saved as elapsed seconds), the checkpointing itself. The exchange leaves out its dispatcher.
     NOT_CHECKPOINTED: ClassVar[frozenset[str]] = frozenset({
         "cfg", "task", "clock", "timing", "recorder", "progress", "costs", "requests", "_bar", "_checker",
-        "_wall0", "_run_start", "checkpoints",
-    })
+        "_wall0", "_run_start", "checkpoints"})
     checkpoint_path = property(lambda self: self.checkpoints.path, lambda self, v: setattr(self.checkpoints, "path", v),
                                doc="Where :meth:`maybe_checkpoint` writes (set by the runner).")
     resume_from = property(lambda self: self.checkpoints.resume_from,
@@ -492,20 +463,9 @@ class SFLStrategy(EventLoopStrategy):
                            doc="The checkpoint :meth:`start` resumes from instead of starting afresh (set by the runner).")
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Hook: the strategy's server state for a checkpoint (models, optimizers, buffers, generators,
-        counters, metric rows).
-
-        The default is every instance attribute except :attr:`NOT_CHECKPOINTED`;
-        it is written in one :func:`torch.save` with the dispatcher's and the
-        clients' state, so shared objects (an optimizer's parameters, a
-        request both pending and tagged) stay shared. References to the
-        run's environment (the strategy itself, ``cfg``, ``task`` and its
-        attributes, clock, timing, recorder, grid) are written by name and
-        resolve to the resumed run's objects, which are rebuilt from the
-        configuration: a strategy must keep its changing state in its own
-        attributes, not in those objects. A subclass holding something that
-        cannot be pickled overrides this and :meth:`load_checkpoint_state`.
-        """
+        """Hook: the strategy's server state for a checkpoint (models, optimizers, buffers, generators, counters,
+        metric rows); by default every instance attribute but :attr:`NOT_CHECKPOINTED`. What it may hold and
+        how it is written: :class:`~strategies.checkpoint.Checkpointer`."""
         return {k: v for k, v in vars(self).items() if k not in self.NOT_CHECKPOINTED}
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
@@ -513,15 +473,16 @@ class SFLStrategy(EventLoopStrategy):
         self.__dict__.update(state)
 
     def maybe_checkpoint(self) -> None:
-        """Write a checkpoint when ``checkpoint-every`` global iterations have passed since the last one.
-
-        The loops call it where the server state is whole: before each round
-        (:class:`SyncStrategy`), before waiting for each reply
-        (:class:`AsyncStrategy`). No checkpoint is written once the run has
-        stopped.
-        """
+        """Write a checkpoint (:meth:`Checkpointer.write <strategies.checkpoint.Checkpointer.write>`) when
+        ``checkpoint-every`` global iterations have passed since the last one. The loops call it where the
+        server state is whole: before each round (:class:`SyncStrategy`), before waiting for each reply
+        (:class:`AsyncStrategy`); none is written once the run has stopped."""
         if self.checkpoints.due(self.cfg.checkpoint_every, self.global_iteration):
-            self.write_checkpoint(self.checkpoint_path)
+            assert self.dispatcher is not None
+            meta = {"strategy": self.name, "config": self.cfg.as_dict(), "global_iteration": self.global_iteration,
+                    "rows": len(self.rows), "virtual_time_s": self.clock.now()}
+            self.checkpoints.write(self.checkpoint_path, self.dispatcher, meta,
+                                   (time.monotonic() - self._wall0, time.perf_counter() - self._run_start))
 
     def between_rounds(self) -> None:
         """What a round-based loop does before each round: :meth:`maybe_checkpoint`, then :meth:`readmit`."""
@@ -529,31 +490,15 @@ class SFLStrategy(EventLoopStrategy):
         self.readmit()
 
     def _environment(self, grid: Grid) -> dict[str, Any]:
-        """The run's objects that a checkpoint refers to by name instead of writing them (see :mod:`strategies.checkpoint`)."""
+        """The run's objects that a checkpoint refers to by name (:func:`strategies.checkpoint.environment`)."""
         return ckpt.environment({"strategy": self, "cfg": self.cfg, "task": self.task, "clock": self.clock,
                                  "timing": self.timing, "recorder": self.recorder, "costs": self.costs,
                                  "grid": grid}, self.task)
 
-    def write_checkpoint(self, path: str | Path) -> None:
-        """Write the server state to ``path`` (:meth:`Checkpointer.write <strategies.checkpoint.Checkpointer.write>`).
-
-        Raises:
-            CheckpointError: the grid cannot save its clients' state (Ray, deployment).
-        """
-        assert self.dispatcher is not None
-        meta = {"strategy": self.name, "config": self.cfg.as_dict(), "global_iteration": self.global_iteration,
-                "rows": len(self.rows), "virtual_time_s": self.clock.now()}
-        self.checkpoints.write(path, self.dispatcher, meta,
-                               (time.monotonic() - self._wall0, time.perf_counter() - self._run_start))
-
     def restore_checkpoint(self, grid: Grid, path: str | Path) -> None:
         """Continue from a checkpoint instead of the handshake, :meth:`initialize` and the first evaluation
-        (:meth:`Checkpointer.restore <strategies.checkpoint.Checkpointer.restore>`), and truncate the
-        recorder's metrics.csv to the rows written by then (``recorder.resume(rows)``).
-
-        Raises:
-            CheckpointError: the checkpoint cannot be used (see :func:`strategies.checkpoint.load_run`).
-        """
+        (:meth:`Checkpointer.restore <strategies.checkpoint.Checkpointer.restore>`; raises its
+        ``CheckpointError``), and truncate the recorder's metrics.csv to the rows written by then."""
         self.dispatcher, wall_s, self.run_seconds = self.checkpoints.restore(grid, path, self.cfg.as_dict(),
                                                                              DEFAULTS, self.clock)
         self.checkpoints.last = self.global_iteration
@@ -609,11 +554,6 @@ class AsyncStrategy(SFLStrategy):
                 self.refill()
                 continue
             self.on_reply(reply)
-
-    def idle_clients(self) -> list[int]:
-        """Live clients with no message in flight."""
-        assert self.dispatcher is not None
-        return [p for p in self.live_clients() if not self.dispatcher.busy(p)]
 
     def refill(self) -> None:
         """Start new clients (uniformly from the idle ones) until ``concurrency`` are busy."""

@@ -235,6 +235,17 @@ def load_run(path: str | Path, name: str, config: Mapping[str, Any], grid: Any,
 class Checkpointer:
     """A strategy's checkpoints: when one is due, writing one (:func:`save_run`), resuming from one (:func:`load_run`).
 
+    The strategy's state (its ``checkpoint_state`` hook, by default every
+    attribute but ``NOT_CHECKPOINTED``) is written in one :func:`torch.save`
+    with the dispatcher's and the clients' state, so shared objects (an
+    optimizer's parameters, a request both pending and tagged) stay shared.
+    References to the run's environment (the strategy itself, ``cfg``,
+    ``task`` and its attributes, clock, timing, recorder, grid) are written by
+    name and resolve to the resumed run's objects, which are rebuilt from the
+    configuration: a strategy must keep its changing state in its own
+    attributes, not in those objects. A strategy holding something that
+    cannot be pickled overrides ``checkpoint_state`` and ``load_checkpoint_state``.
+
     Args:
         name: the strategy's registry name (a checkpoint of another is refused).
         state: ``() -> dict``, the strategy's server state (its ``checkpoint_state`` hook).

@@ -21,6 +21,7 @@ from typing import Any
 from flwr.app import RecordDict
 
 from fl_app import protocol as P
+from fl_app.config import RunConfig
 from strategies.clock import Clock
 from strategies.dispatcher import SCHEDULED, Dispatcher, Pending, Reply, Request
 from strategies.membership import Membership, _last_line
@@ -94,6 +95,17 @@ class Exchange:
         self.on_failure(pid, pending.action, reason)
         self.membership.check_any_left(pid, reason)
         return Reply(pid, pending.request, None, pending.due, pending.seq)
+
+    def readmit(self, cfg: RunConfig) -> list[int]:
+        """Re-admit excluded clients whose SuperNode came back (:meth:`Membership.readmit
+        <strategies.membership.Membership.readmit>`); their messages go to the new node. None before the
+        handshake."""
+        if self.dispatcher is None:
+            return []
+        back = self.membership.readmit(self.dispatcher.grid, cfg)
+        for pid in back:
+            self.dispatcher.node_of[pid] = self.membership.clients[pid].node_id
+        return back
 
     def receive(self, until: float | None = None) -> Reply | None:
         """The next reply in clock order (see :meth:`Dispatcher.next_reply`).

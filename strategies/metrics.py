@@ -11,11 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from flwr.app import ArrayRecord, MetricRecord
+from flwr.serverapp.strategy import Result
+
 #: The counters a metric row and the summary report, in their column order (after the first two).
 COUNTERS = ("bytes_up", "bytes_down", "exchanges")
 
 
-def metric_row(counters: Mapping[str, Any], loss: float, accuracy: float, columns: Mapping[str, float]) -> dict[str, Any]:
+def metric_row(counters: Mapping[str, Any], loss: float, accuracy: float,
+               columns: Mapping[str, float]) -> dict[str, Any]:
     """One row of ``metrics.csv``: the counters (virtual time rounded to µs, wall time to ms), the test
     accuracy and loss, then ``columns`` (per-client accuracies, the strategy's extra metrics)."""
     return {
@@ -65,3 +69,13 @@ def server_compute_seconds(run_s: float, waited_s: float, eval_s: float) -> floa
     """Wall seconds of the strategy's loop outside the dispatcher (``waited_s``) and evaluation (``eval_s``):
     server-side compute."""
     return max(0.0, run_s - waited_s - eval_s)
+
+
+def flower_result(arrays: ArrayRecord, rows: list[dict[str, Any]]) -> Result:
+    """Flower's ``Result`` of a run: the final weights ``arrays`` and each row's numeric columns, keyed by
+    its global iteration."""
+    result = Result(arrays=arrays)
+    for row in rows:
+        result.evaluate_metrics_serverapp[int(row["global_iteration"])] = MetricRecord(
+            {k: float(v) for k, v in row.items() if isinstance(v, (int, float))})
+    return result
