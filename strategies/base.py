@@ -86,6 +86,7 @@ from fl_app.models import BlockModel
 from fl_app.task import Task
 from strategies import checkpoint as ckpt
 from strategies import metrics
+from strategies.metrics import MetricLog
 from strategies import progress as progress_bar
 from strategies.checkpoint import CHECKPOINT_UNSUPPORTED, Checkpointer
 from strategies.clock import Clock, Timing
@@ -140,13 +141,9 @@ class SFLStrategy(EventLoopStrategy):
         #: sending, receiving, metering (its dispatcher is made after the handshake)
         self.exchange = Exchange(clock, self._duration, self.validate_reply, self.membership, self.on_failure)
         self._checker: ReplyChecker | None = None
-        self.rows: list[dict[str, Any]] = []
-        self.best_accuracy = float("nan")
+        #: the metric rows, the best accuracy, the evaluation seconds (:class:`~strategies.metrics.MetricLog`)
+        self.metric_log = MetricLog()
         self.status = "running"
-        #: wall seconds spent evaluating inside run() (excluded from ``server_compute_s``)
-        self.eval_seconds = 0.0
-        #: the initial evaluation, made by :meth:`prepare` during the handshake, until recorded
-        self._early_evaluation: tuple[float, float, dict[str, float]] | None = None
         self.run_seconds = 0.0
         self.costs = BlockCosts(task.profiles, cfg.batch_parallel)
         #: typed configs to timed requests (:mod:`strategies.requests`)
@@ -214,28 +211,22 @@ class SFLStrategy(EventLoopStrategy):
                 self.evaluate_and_record()
             if not self.should_stop():
                 if not self.checkpoints.resumed:
-                    self.eval_seconds = 0.0  # count only the evaluations inside run()
+                    self.metric_log.eval_seconds = 0.0  # count only the evaluations inside run()
                 self._run_start = time.perf_counter() - self.run_seconds
                 try:
                     self.run()
                 finally:
                     self.run_seconds = time.perf_counter() - self._run_start
             self.status = "completed"
-        except DivergedError as err:
-            self.status = f"diverged: {err}"
-            raise
-        except RunFailedError as err:
-            self.status = f"failed: {err}"
-            raise
         except BaseException as err:
-            self.status = f"interrupted: {type(err).__name__}"
+            self.status = metrics.run_status(err)
             raise
         finally:
             progress_bar.close_bar(self._bar)
             self._bar = None
             if self.recorder is not None:
                 self.recorder.finish(self.summary_dict())
-        return metrics.flower_result(P.state_record(self.global_model().state_dict()), self.rows)
+        return self.metric_log.result(P.state_record(self.global_model().state_dict()))
 
     # ------------------------------------------------------------------ hooks
     def initialize(self) -> None:
@@ -275,7 +266,7 @@ class SFLStrategy(EventLoopStrategy):
         if initial_arrays is not None:
             self.global_model().load_state_dict(P.record_state(initial_arrays))
         if type(self).evaluation_models is SFLStrategy.evaluation_models:  # per-client models need the clients
-            self._early_evaluation = self._timed_evaluation(full=False)
+            self.metric_log.early = self.metric_log.timed(lambda: self.evaluate_global(full=False))
 
     # ------------------------------------------------------------------ membership (delegated)
     clients = property(lambda self: self.membership.clients, lambda self, v: setattr(self.membership, "clients", v),
@@ -392,25 +383,17 @@ class SFLStrategy(EventLoopStrategy):
                                self.task.data.test_batches, 0 if full else self.cfg.eval_samples)
 
     def evaluate_and_record(self, final: bool = False) -> dict[str, Any]:
-        """Evaluate (on the full test set when ``final``), append a metric row, update progress."""
-        if self._early_evaluation is not None and not final:  # the initial evaluation, made by prepare()
-            (loss, acc, per_client), self._early_evaluation = self._early_evaluation, None
-        else:
-            loss, acc, per_client = self._timed_evaluation(full=final)
+        """Evaluate (on the full test set when ``final``; else the initial evaluation of :meth:`prepare` when
+        there is one), append a metric row (:meth:`MetricLog.record <strategies.metrics.MetricLog.record>`)."""
+        loss, acc, per_client = self.metric_log.evaluation(lambda: self.evaluate_global(full=final), not final)
         counters = self.counters()
-        row = metrics.metric_row(counters, loss, acc, {**per_client, **self.extra_metrics()})
-        self.best_accuracy = metrics.record(row, self.rows, self.best_accuracy, self.recorder)
+        row = self.metric_log.record(counters, (loss, acc, per_client), self.extra_metrics(), self.recorder)
         progress_bar.show(self._bar, acc, counters["virtual_time_s"])
         if not math.isfinite(loss):
             raise DivergedError(f"test loss is {loss} at global iteration {self.global_iteration}")
         return row
 
-    def _timed_evaluation(self, full: bool) -> tuple[float, float, dict[str, float]]:
-        """:meth:`evaluate_global`, its wall seconds counted in :attr:`eval_seconds`."""
-        t0 = time.perf_counter()
-        result = self.evaluate_global(full=full)
-        self.eval_seconds += time.perf_counter() - t0
-        return result
+    rows = property(lambda self: self.metric_log.rows, doc="The metric rows so far (one per evaluation).")
 
     def counters(self) -> dict[str, Any]:
         """The run's counters now (iterations, updates, virtual and wall seconds, bytes, exchanges), for
@@ -446,9 +429,9 @@ class SFLStrategy(EventLoopStrategy):
     def summary_dict(self) -> dict[str, Any]:
         """The summary.json content (:func:`strategies.metrics.summary`)."""
         waited = self.dispatcher.seconds if self.dispatcher else 0.0
-        return metrics.summary(self.name, self.status, self.rows, self.best_accuracy, self.counters(),
-                               self.membership.summary(),
-                               metrics.server_compute_seconds(self.run_seconds, waited, self.eval_seconds))
+        return self.metric_log.summary(self.name, self.status, self.counters(), self.membership.summary(),
+                                       metrics.server_compute_seconds(self.run_seconds, waited,
+                                                                      self.metric_log.eval_seconds))
 
     # ------------------------------------------------------------------ checkpoints
     #: Attributes that are not server state: the run's environment (the resumed run brings its own), wall-clock
