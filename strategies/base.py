@@ -4,19 +4,14 @@ docs/design.md §5. :class:`SFLStrategy` runs a strategy from the handshake
 to the summary; each concern beside the lifecycle is a collaborator that
 receives data and callbacks, not the strategy:
 
-* membership (:class:`~strategies.membership.Membership`): the ``query.info``
-  handshake, re-admission, seeded selection, exclusion, the step counts and
-  averaging weights from the clients' example counts;
-* exchange (:class:`~strategies.exchange.Exchange`): sending, receiving and
-  gathering through the :class:`~strategies.dispatcher.Dispatcher`, due
-  times from the :class:`~strategies.clock.Timing`, metering (``bytes_up``,
-  ``bytes_down``), reply validation (:mod:`strategies.validation`), the
-  exclusion of a failed client;
-* evaluation (:func:`strategies.evaluation.evaluate_models`) and the metric
-  rows and summary (:mod:`strategies.metrics`);
-* checkpointing (:class:`~strategies.checkpoint.Checkpointer`);
-* requests (:class:`~strategies.requests.RequestBuilder`): typed configs to timed requests;
-* the progress bar (:mod:`strategies.progress`).
+* membership (:class:`~strategies.membership.Membership`): the ``query.info`` handshake, re-admission,
+  seeded selection, exclusion, step counts and averaging weights from the clients' example counts;
+* exchange (:class:`~strategies.exchange.Exchange`): sending, receiving and gathering through the
+  :class:`~strategies.dispatcher.Dispatcher`, due times from the :class:`~strategies.clock.Timing`,
+  metering (``bytes_up``, ``bytes_down``), reply validation, excluding a failed client;
+* evaluation (:func:`strategies.evaluation.evaluate_models`); metric rows and the summary
+  (:class:`~strategies.metrics.MetricLog`); checkpointing (:class:`~strategies.checkpoint.Checkpointer`);
+  requests (:class:`~strategies.requests.RequestBuilder`); the progress bar (:mod:`strategies.progress`).
 
 The base class delegates to them with thin methods (``connect``, ``select``,
 ``send``, ``gather``, ``local_steps``, ...) that subclasses call.
@@ -298,13 +293,11 @@ class SFLStrategy(EventLoopStrategy):
         return self.membership.select(k, exclude)
 
     def local_steps(self, pid: int, batch: int | None = None) -> int:
-        """Client ``pid``'s local iterations in one local round, E (:meth:`Membership.local_steps
-        <strategies.membership.Membership.local_steps>`; ``batch``: default ``batch-size``)."""
+        """Client ``pid``'s local iterations in one round, E (:meth:`~strategies.membership.Membership.local_steps`)."""
         return self.membership.local_steps(pid, self.cfg, batch)
 
     def cohort_steps(self, members: Sequence[int]) -> int:
-        """Steps of a round that feeds every member in lockstep or in turn (:meth:`Membership.cohort_steps
-        <strategies.membership.Membership.cohort_steps>`)."""
+        """Steps of a round feeding every member in turn (:meth:`~strategies.membership.Membership.cohort_steps`)."""
         return self.membership.cohort_steps(members, self.cfg)
 
     def aggregation_weight(self, pid: int) -> float:
@@ -355,15 +348,11 @@ class SFLStrategy(EventLoopStrategy):
         return seconds
 
     def validate_reply(self, pid: int, request: Request, content: RecordDict) -> ReplyProblem | None:
-        """Hook: why ``content`` is unusable as client ``pid``'s reply to ``request``, or None.
-
-        Called by :meth:`receive` on every successful reply before any
-        strategy code decodes it; a problem excludes the client like an error
-        reply. The default is :class:`~strategies.validation.ReplyChecker`
-        (records present, shapes, dtypes, batch size, label range, weight
-        names, example count, finiteness). A subclass that returns records of
-        its own may extend it (and call ``super()``).
-        """
+        """Hook: why ``content`` is unusable as client ``pid``'s reply to ``request``, or None. Called by
+        :meth:`receive` on every successful reply before any strategy code decodes it; a problem excludes the
+        client like an error reply. The default is :class:`~strategies.validation.ReplyChecker` (records,
+        shapes, dtypes, batch size, label range, weight names, example count, finiteness); a subclass that
+        returns records of its own may extend it (and call ``super()``)."""
         if self._checker is None:
             self._checker = ReplyChecker(self.task)
         info = self.clients.get(pid)
@@ -414,14 +403,10 @@ class SFLStrategy(EventLoopStrategy):
 
     def should_stop(self) -> bool:
         """Stop conditions: iteration budget, target accuracy, virtual-time budget."""
-        c = self.cfg
-        if self.global_iteration >= c.global_iterations:
-            return True
-        if c.target_accuracy > 0 and self.rows and self.rows[-1]["test_accuracy"] >= c.target_accuracy:
-            return True
-        if c.max_virtual_time > 0 and self.clock.now() >= c.max_virtual_time:
-            return True
-        return False
+        c, rows = self.cfg, self.rows
+        return (self.global_iteration >= c.global_iterations
+                or (c.target_accuracy > 0 and bool(rows) and rows[-1]["test_accuracy"] >= c.target_accuracy)
+                or (c.max_virtual_time > 0 and self.clock.now() >= c.max_virtual_time))
 
     #: Raise :class:`DivergedError` when a training loss is not finite (:func:`strategies.errors.check_loss`).
     check_loss = staticmethod(check_loss)
@@ -443,7 +428,7 @@ class SFLStrategy(EventLoopStrategy):
                                doc="Where :meth:`maybe_checkpoint` writes (set by the runner).")
     resume_from = property(lambda self: self.checkpoints.resume_from,
                            lambda self, v: setattr(self.checkpoints, "resume_from", v),
-                           doc="The checkpoint :meth:`start` resumes from instead of starting afresh (set by the runner).")
+                           doc="The checkpoint :meth:`start` resumes from (set by the runner).")
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Hook: the strategy's server state for a checkpoint (models, optimizers, buffers, generators, counters,
@@ -515,12 +500,7 @@ class SyncStrategy(SFLStrategy):
 
 
 class AsyncStrategy(SFLStrategy):
-    """Asynchronous strategies: handle replies one by one in clock order.
-
-    The subclass starts work in :meth:`launch` (called for each free slot),
-    handles each reply in :meth:`on_reply`, and calls
-    :meth:`end_global_iteration` when its global iteration completes.
-    """
+    """Asynchronous strategies: handle replies one by one in clock order (the module docstring's loop shapes)."""
 
     def run(self) -> None:
         """Keep ``concurrency`` clients busy; dispatch replies until a stop condition."""
