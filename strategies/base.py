@@ -81,14 +81,13 @@ from fl_app.models import BlockModel
 from fl_app.task import Task
 from strategies import checkpoint as ckpt
 from strategies import metrics
-from strategies.metrics import MetricLog
 from strategies import progress as progress_bar
 from strategies.checkpoint import CHECKPOINT_UNSUPPORTED, Checkpointer
 from strategies.clock import Clock, Timing
 from strategies.dispatcher import Dispatcher, Pending, Reply, Request
 from strategies.errors import DivergedError, RunFailedError, check_loss
 from strategies.evaluation import evaluate_models
-from strategies.exchange import Exchange
+from strategies.exchange import Exchange, request_seconds
 from strategies.flower_api import EventLoopStrategy
 from strategies.membership import STREAM_SELECTION, ClientInfo, Membership
 from strategies.requests import RequestBuilder
@@ -137,7 +136,7 @@ class SFLStrategy(EventLoopStrategy):
         self.exchange = Exchange(clock, self._duration, self.validate_reply, self.membership, self.on_failure)
         self._checker: ReplyChecker | None = None
         #: the metric rows, the best accuracy, the evaluation seconds (:class:`~strategies.metrics.MetricLog`)
-        self.metric_log = MetricLog()
+        self.metric_log = metrics.MetricLog()
         self.status = "running"
         self.run_seconds = 0.0
         self.costs = BlockCosts(task.profiles, cfg.batch_parallel)
@@ -179,10 +178,8 @@ class SFLStrategy(EventLoopStrategy):
               timeout: float | None = None, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
-        """Run the whole strategy on ``grid`` and return Flower's ``Result``.
-
-        ``initial_arrays`` (full-model weights) replace the seeded initial
-        model when given; ``num_rounds`` overrides ``global-iterations``.
+        """Run the whole strategy on ``grid`` and return Flower's ``Result``: ``initial_arrays`` (full-model
+        weights) replace the seeded initial model when given; ``num_rounds`` overrides ``global-iterations``.
 
         Raises:
             DivergedError: a loss became non-finite (metrics so far are kept).
@@ -279,8 +276,7 @@ class SFLStrategy(EventLoopStrategy):
                           timeout=self.cfg.node_timeout)
 
     def readmit(self) -> list[int]:
-        """Re-admit excluded clients whose SuperNode came back (:meth:`Exchange.readmit
-        <strategies.exchange.Exchange.readmit>`, wall clock only)."""
+        """Re-admit excluded clients whose SuperNode came back (:meth:`~strategies.exchange.Exchange.readmit`)."""
         self.membership.readmit_every_s = self.readmit_every_s
         return self.exchange.readmit(self.cfg)
 
@@ -340,12 +336,8 @@ class SFLStrategy(EventLoopStrategy):
         return self._duration(pid, request, None)
 
     def _duration(self, pid: int, request: Request, draw: int | None) -> float:
-        """Compute and client-server transfer time of ``request``, plus its D2D hop
-        (``request.d2d_bits`` at :attr:`d2d_bps`) when it has one."""
-        seconds = self.timing.duration(pid, request.flops, request.bits_up, request.download_bits, draw)
-        if request.d2d_bits:
-            seconds += self.timing.link_duration(request.d2d_bits, self.d2d_bps)
-        return seconds
+        """:func:`strategies.exchange.request_seconds` with the run's timing and :attr:`d2d_bps`."""
+        return request_seconds(self.timing, self.d2d_bps, pid, request, draw)
 
     def validate_reply(self, pid: int, request: Request, content: RecordDict) -> ReplyProblem | None:
         """Hook: why ``content`` is unusable as client ``pid``'s reply to ``request``, or None. Called by
@@ -412,7 +404,7 @@ class SFLStrategy(EventLoopStrategy):
     check_loss = staticmethod(check_loss)
 
     def summary_dict(self) -> dict[str, Any]:
-        """The summary.json content (:func:`strategies.metrics.summary`)."""
+        """The summary.json content (:meth:`MetricLog.summary <strategies.metrics.MetricLog.summary>`)."""
         waited = self.dispatcher.seconds if self.dispatcher else 0.0
         return self.metric_log.summary(self.name, self.status, self.counters(), self.membership.summary(),
                                        metrics.server_compute_seconds(self.run_seconds, waited,

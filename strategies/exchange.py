@@ -2,8 +2,8 @@
 
 :class:`Exchange` wraps the :class:`~strategies.dispatcher.Dispatcher` (made
 once the handshake is done): each request sent gets its duration from the
-``duration`` callback (the strategy's timing model, with a per-client draw
-counter) and its content's arrays count in ``bytes_down``; each reply is
+``duration`` callback (the strategy's timing model, :func:`request_seconds`,
+with a per-client draw counter) and its content's arrays count in ``bytes_down``; each reply is
 checked by the ``validate`` callback and counts in ``bytes_up`` when its
 request is metered. A failed or malformed reply excludes its client
 (:meth:`Exchange.exclude`: recorded in the :class:`~strategies.membership.Membership`,
@@ -22,12 +22,21 @@ from flwr.app import RecordDict
 
 from fl_app import protocol as P
 from fl_app.config import RunConfig
-from strategies.clock import Clock
+from strategies.clock import Clock, Timing
 from strategies.dispatcher import SCHEDULED, Dispatcher, Pending, Reply, Request
 from strategies.membership import Membership, _last_line
 from strategies.validation import ReplyProblem
 
 log = logging.getLogger("sflower")
+
+
+def request_seconds(timing: Timing, d2d_bps: float, pid: int, request: Request, draw: int | None) -> float:
+    """Compute and client-server transfer time of ``request`` on client ``pid`` (``draw``: its straggler draw,
+    None: the mean), plus its D2D hop (``request.d2d_bits`` at ``d2d_bps`` bits/s) when it has one."""
+    seconds = timing.duration(pid, request.flops, request.bits_up, request.download_bits, draw)
+    if request.d2d_bits:
+        seconds += timing.link_duration(request.d2d_bits, d2d_bps)
+    return seconds
 
 
 class Exchange:
