@@ -4,18 +4,17 @@ docs/design.md §5. :class:`SFLStrategy` runs a strategy from the handshake
 to the summary; each concern beside the lifecycle is a collaborator that
 receives data and callbacks, not the strategy:
 
-* membership (:class:`~strategies.membership.Membership`): the ``query.info``
-  handshake, re-admission, seeded selection, exclusion;
-* exchange (:class:`~strategies.exchange.Exchange`): sending, receiving and
-  gathering through the :class:`~strategies.dispatcher.Dispatcher`, due
-  times from the :class:`~strategies.clock.Timing`, metering (``bytes_up``,
-  ``bytes_down``), reply validation (:mod:`strategies.validation`);
-* evaluation (:func:`strategies.evaluation.evaluate_models`);
-* checkpointing (:func:`strategies.checkpoint.save_run`, :func:`~strategies.checkpoint.load_run`);
-* requests (:class:`~strategies.requests.RequestBuilder`): typed configs to timed requests.
+* membership (:class:`~strategies.membership.Membership`): the ``query.info`` handshake, re-admission,
+  seeded selection, exclusion, step counts and averaging weights from the clients' example counts;
+* exchange (:class:`~strategies.exchange.Exchange`): sending, receiving and gathering through the
+  :class:`~strategies.dispatcher.Dispatcher`, due times from the :class:`~strategies.clock.Timing`,
+  metering (``bytes_up``, ``bytes_down``), reply validation, excluding a failed client;
+* evaluation (:func:`strategies.evaluation.evaluate_models`); metric rows and the summary
+  (:class:`~strategies.metrics.MetricLog`); checkpointing (:class:`~strategies.checkpoint.Checkpointer`);
+  requests (:class:`~strategies.requests.RequestBuilder`); the progress bar (:mod:`strategies.progress`).
 
 The base class delegates to them with thin methods (``connect``, ``select``,
-``send``, ``gather``, ...) that subclasses call.
+``send``, ``gather``, ``local_steps``, ...) that subclasses call.
 
 Loop shapes:
 
@@ -54,15 +53,10 @@ Split strategies add theirs (:class:`strategies.split.SyncSplitStrategy`:
 ``batch_size_for``, ``begin_round``, ``timed_cut``, ``start_weights``,
 ``server_iteration``, ``collect_client_models``, ``end_round``).
 
-**Why subclass Flower's** ``Strategy``. sflower strategies run their own
-event-driven loops, which Flower's per-round ``configure_*``/``aggregate_*``
-methods cannot express, so those four are stubbed (they raise). We keep the
-subclass rather than an adapter because Flower's ServerApp contract is
-``strategy.start(grid, ...) -> Result``, which :meth:`SFLStrategy.start`
-implements directly: a strategy is usable wherever Flower expects its
-``Strategy`` (``isinstance`` checks, type hints, ``flwr run``), with one
-object for one lifecycle. An adapter would add a second object with the same
-lifecycle and its own ``start``, to save four three-line stubs.
+Flower's per-round ``configure_*``/``aggregate_*`` methods are stubbed in
+:class:`strategies.flower_api.EventLoopStrategy` (which says why sflower
+subclasses Flower's ``Strategy``); :meth:`SFLStrategy.start` is Flower's
+``strategy.start(grid, ...) -> Result``.
 """
 
 from __future__ import annotations
@@ -75,9 +69,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Result
 
 from fl_app import protocol as P
 from fl_app.config import DEFAULTS, Option, RunConfig
@@ -86,12 +80,15 @@ from fl_app.device import resolve_device, to_device
 from fl_app.models import BlockModel
 from fl_app.task import Task
 from strategies import checkpoint as ckpt
-from strategies.checkpoint import CHECKPOINT_UNSUPPORTED
+from strategies import metrics
+from strategies import progress as progress_bar
+from strategies.checkpoint import CHECKPOINT_UNSUPPORTED, Checkpointer
 from strategies.clock import Clock, Timing
 from strategies.dispatcher import Dispatcher, Pending, Reply, Request
 from strategies.errors import DivergedError, RunFailedError, check_loss
 from strategies.evaluation import evaluate_models
-from strategies.exchange import Exchange
+from strategies.exchange import Exchange, request_seconds
+from strategies.flower_api import EventLoopStrategy
 from strategies.membership import STREAM_SELECTION, ClientInfo, Membership
 from strategies.requests import RequestBuilder
 from strategies.validation import ReplyChecker, ReplyProblem
@@ -103,7 +100,7 @@ __all__ = ["CHECKPOINT_UNSUPPORTED", "STREAM_SELECTION", "AsyncStrategy", "Clien
 log = logging.getLogger("sflower")
 
 
-class SFLStrategy(Strategy):
+class SFLStrategy(EventLoopStrategy):
     """Base class of all strategies; subclasses supply hooks (listed in the module docstring), not loops.
 
     Args:
@@ -136,54 +133,26 @@ class SFLStrategy(Strategy):
         #: the clients: handshake, re-admission, selection, exclusion
         self.membership = Membership(cfg.seed, task.data.num_classes)
         #: sending, receiving, metering (its dispatcher is made after the handshake)
-        self.exchange = Exchange(clock, self._duration, self.validate_reply, self._exclude)
+        self.exchange = Exchange(clock, self._duration, self.validate_reply, self.membership, self.on_failure)
         self._checker: ReplyChecker | None = None
-        self.rows: list[dict[str, Any]] = []
-        self.best_accuracy = float("nan")
+        #: the metric rows, the best accuracy, the evaluation seconds (:class:`~strategies.metrics.MetricLog`)
+        self.metric_log = metrics.MetricLog()
         self.status = "running"
-        #: wall seconds spent evaluating inside run() (excluded from ``server_compute_s``)
-        self.eval_seconds = 0.0
-        #: the initial evaluation, made by :meth:`prepare` during the handshake, until recorded
-        self._early_evaluation: tuple[float, float, dict[str, float]] | None = None
         self.run_seconds = 0.0
         self.costs = BlockCosts(task.profiles, cfg.batch_parallel)
         #: typed configs to timed requests (:mod:`strategies.requests`)
         self.requests = RequestBuilder(self.costs, task.cut_layer)
         self._wall0 = time.monotonic()
         self._bar: Any = None
-        #: where :meth:`maybe_checkpoint` writes (set by the runner when ``checkpoint-every`` > 0)
-        self.checkpoint_path: Path | None = None
-        #: the checkpoint :meth:`start` resumes from instead of starting afresh (set by the runner)
-        self.resume_from: Path | None = None
-        #: global iteration of the last checkpoint written or resumed from
-        self._checkpointed = 0
-        self._resumed = False
+        #: when and where checkpoints are written, and the resume (:class:`~strategies.checkpoint.Checkpointer`)
+        self.checkpoints = Checkpointer(self.name, self.checkpoint_state, self.load_checkpoint_state,
+                                        self._environment, self._new_dispatcher)
         self._run_start = 0.0
-
-    # ------------------------------------------------------------------ Flower API
-    # Flower's per-round API is not used: start() runs the strategy's own loop (see the module docstring).
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """Unused: sflower strategies run their own loop in :meth:`start`."""
-        raise NotImplementedError("sflower strategies run their own event loop in start()")
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Unused: see :meth:`configure_train`."""
-        raise NotImplementedError("sflower strategies run their own event loop in start()")
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """Unused: evaluation is centralised, see :meth:`evaluate_global`."""
-        raise NotImplementedError("sflower strategies evaluate centrally")
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Unused: see :meth:`configure_evaluate`."""
-        raise NotImplementedError("sflower strategies evaluate centrally")
 
     @classmethod
     def check_config(cls, cfg: RunConfig, task: Task) -> None:
-        """Strategy-specific checks of a configuration against its task, before anything runs.
-
-        Called by :func:`simulation.server_app.plan_run`, so bad input fails
-        before any output is written. The default accepts everything.
+        """Strategy-specific checks of a configuration against its task, before anything runs (called by
+        :func:`simulation.server_app.plan_run`, so bad input fails before any output). The default accepts all.
 
         Raises:
             ConfigError: the configuration does not fit this strategy (one line).
@@ -209,10 +178,8 @@ class SFLStrategy(Strategy):
               timeout: float | None = None, train_config: ConfigRecord | None = None,
               evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
-        """Run the whole strategy on ``grid`` and return Flower's ``Result``.
-
-        ``initial_arrays`` (full-model weights) replace the seeded initial
-        model when given; ``num_rounds`` overrides ``global-iterations``.
+        """Run the whole strategy on ``grid`` and return Flower's ``Result``: ``initial_arrays`` (full-model
+        weights) replace the seeded initial model when given; ``num_rounds`` overrides ``global-iterations``.
 
         Raises:
             DivergedError: a loss became non-finite (metrics so far are kept).
@@ -227,39 +194,31 @@ class SFLStrategy(Strategy):
         try:
             if self.resume_from is not None:  # everything below comes from the checkpoint
                 self.restore_checkpoint(grid, self.resume_from)
-                self._open_progress()
             else:
                 self.connect(grid, timeout if timeout is not None else self.cfg.node_timeout,
                              meanwhile=lambda: self.prepare(initial_arrays))
-                self._open_progress()
+            self._bar = progress_bar.open_bar(self.progress, self.cfg.global_iterations, self.global_iteration,
+                                              self.name)
+            if not self.checkpoints.resumed:
                 self.evaluate_and_record()
             if not self.should_stop():
-                if not self._resumed:
-                    self.eval_seconds = 0.0  # count only the evaluations inside run()
+                if not self.checkpoints.resumed:
+                    self.metric_log.eval_seconds = 0.0  # count only the evaluations inside run()
                 self._run_start = time.perf_counter() - self.run_seconds
                 try:
                     self.run()
                 finally:
                     self.run_seconds = time.perf_counter() - self._run_start
             self.status = "completed"
-        except DivergedError as err:
-            self.status = f"diverged: {err}"
-            raise
-        except RunFailedError as err:
-            self.status = f"failed: {err}"
-            raise
         except BaseException as err:
-            self.status = f"interrupted: {type(err).__name__}"
+            self.status = metrics.run_status(err)
             raise
         finally:
-            self._close_progress()
+            progress_bar.close_bar(self._bar)
+            self._bar = None
             if self.recorder is not None:
                 self.recorder.finish(self.summary_dict())
-        result = Result(arrays=P.state_record(self.global_model().state_dict()))
-        for row in self.rows:
-            result.evaluate_metrics_serverapp[int(row["global_iteration"])] = MetricRecord(
-                {k: float(v) for k, v in row.items() if isinstance(v, (int, float))})
-        return result
+        return self.metric_log.result(P.state_record(self.global_model().state_dict()))
 
     # ------------------------------------------------------------------ hooks
     def initialize(self) -> None:
@@ -290,35 +249,24 @@ class SFLStrategy(Strategy):
         """Called after a client's error reply, timeout or malformed reply (it is already excluded)."""
 
     def prepare(self, initial_arrays: ArrayRecord | None = None) -> None:
-        """The server's set-up that needs no client, run while the handshake's replies are on their way.
-
-        :meth:`initialize`, the initial weights (``initial_arrays``, full-model
-        weights, when given) and, when the strategy evaluates one global model
-        (no :meth:`evaluation_models` of its own), the initial evaluation,
-        which :meth:`evaluate_and_record` then records. Overlapping them with
-        the handshake hides the clients' start (a Ray actor's imports, a
-        deployment round trip) behind the server's own work; nothing they
-        compute depends on the handshake, so no number changes.
-        """
+        """The server's set-up that needs no client, run while the handshake's replies are on their way:
+        :meth:`initialize`, the initial weights (``initial_arrays``, full-model weights, when given) and, for one
+        global model (no :meth:`evaluation_models`), the initial evaluation that :meth:`evaluate_and_record`
+        then records. This hides the clients' start (a Ray actor's imports, a deployment round trip) behind
+        the server's own work; nothing it computes depends on the handshake, so no number changes."""
         self.initialize()
         if initial_arrays is not None:
             self.global_model().load_state_dict(P.record_state(initial_arrays))
         if type(self).evaluation_models is SFLStrategy.evaluation_models:  # per-client models need the clients
-            t0 = time.perf_counter()
-            self._early_evaluation = self.evaluate_global(full=False)
-            self.eval_seconds += time.perf_counter() - t0
+            self.metric_log.early = self.metric_log.timed(lambda: self.evaluate_global(full=False))
 
     # ------------------------------------------------------------------ membership (delegated)
     clients = property(lambda self: self.membership.clients, lambda self, v: setattr(self.membership, "clients", v),
                        doc="Partition id -> :class:`ClientInfo` of every client the handshake registered.")
-    failed = property(lambda self: self.membership.failed, doc="Partition ids excluded after a failure.")
-    failure_reasons = property(lambda self: self.membership.failure_reasons,
-                               doc="Partition id -> ``\"action: reason\"`` of each excluded client.")
     readmit_every_s = 5.0  # kept in step with Membership.readmit_every_s by readmit()
 
     def connect(self, grid: Grid, timeout: float, meanwhile: Callable[[], None] | None = None) -> None:
-        """The handshake (:meth:`Membership.connect <strategies.membership.Membership.connect>`), then the
-        dispatcher for the registered clients' nodes."""
+        """The handshake (:meth:`~strategies.membership.Membership.connect`), then the clients' dispatcher."""
         self.membership.connect(grid, self.cfg, timeout, meanwhile)
         self.dispatcher = self._new_dispatcher(grid)
 
@@ -328,15 +276,9 @@ class SFLStrategy(Strategy):
                           timeout=self.cfg.node_timeout)
 
     def readmit(self) -> list[int]:
-        """Re-admit excluded clients whose SuperNode came back (wall clock only; see
-        :meth:`Membership.readmit <strategies.membership.Membership.readmit>`); their messages go to the new node."""
-        if self.dispatcher is None:
-            return []
+        """Re-admit excluded clients whose SuperNode came back (:meth:`~strategies.exchange.Exchange.readmit`)."""
         self.membership.readmit_every_s = self.readmit_every_s
-        back = self.membership.readmit(self.dispatcher.grid, self.cfg)
-        for pid in back:
-            self.dispatcher.node_of[pid] = self.clients[pid].node_id
-        return back
+        return self.exchange.readmit(self.cfg)
 
     def live_clients(self) -> list[int]:
         """Partition ids not excluded after a failure, ascending."""
@@ -347,32 +289,16 @@ class SFLStrategy(Strategy):
         return self.membership.select(k, exclude)
 
     def local_steps(self, pid: int, batch: int | None = None) -> int:
-        """Client ``pid``'s local iterations in one local round (E).
-
-        ``local-iterations``; or, with ``local-epochs=N > 0``, ``N`` passes over
-        its own partition of ``|D_k|`` examples: ``N·⌊|D_k|/b⌋`` steps of
-        ``b = batch`` (default ``batch-size``) examples, at least ``N`` (the
-        RingSFL authors' loaders drop the last partial batch, as sflower's
-        sampler does). With unequal partitions the counts differ per client.
-        """
-        c = self.cfg
-        if not c.local_epochs:
-            return c.local_iterations
-        return c.local_epochs * max(1, self.clients[pid].num_examples // (batch or c.batch_size))
+        """Client ``pid``'s local iterations in one round, E (:meth:`~strategies.membership.Membership.local_steps`)."""
+        return self.membership.local_steps(pid, self.cfg, batch)
 
     def cohort_steps(self, members: Sequence[int]) -> int:
-        """Steps of a round that feeds every member in lockstep or in turn: the most of the
-        members' :meth:`local_steps` (``local-iterations`` without ``local-epochs``).
-
-        RingSFL's round (every step feeds one batch of every member; a member whose
-        partition runs out starts its next pass) and vanilla SL's ``sl-order=batch``
-        round, which RingSFL §6 counts as ``local_epoch_num × batch_num`` steps, a
-        client's batches per epoch, not the cohort's."""
-        return max(self.local_steps(int(p)) for p in members)
+        """Steps of a round feeding every member in turn (:meth:`~strategies.membership.Membership.cohort_steps`)."""
+        return self.membership.cohort_steps(members, self.cfg)
 
     def aggregation_weight(self, pid: int) -> float:
         """Weight of a client's model in averaging: ``|D_k|`` (GAS eq. 10), or 1 with ``aggregation=uniform``."""
-        return 1.0 if self.cfg.aggregation == "uniform" else float(self.clients[pid].num_examples)
+        return self.membership.aggregation_weight(pid, self.cfg)
 
     # ------------------------------------------------------------------ exchange (delegated)
     dispatcher = property(lambda self: self.exchange.dispatcher,
@@ -392,13 +318,11 @@ class SFLStrategy(Strategy):
         return self.exchange.receive(until)
 
     def gather_replies(self, requests: Iterable[tuple[int, Request]], **kwargs: Any) -> list[Reply]:
-        """Send requests and wait for their replies (:meth:`Exchange.gather_replies
-        <strategies.exchange.Exchange.gather_replies>`: ``first``, ``deadline``, ``rest``)."""
+        """Send requests, wait for their replies (:meth:`~strategies.exchange.Exchange.gather_replies`)."""
         return self.exchange.gather_replies(requests, **kwargs)
 
     def gather(self, requests: Mapping[int, Request], **kwargs: Any) -> dict[int, RecordDict]:
-        """One request per client, then wait: ``pid -> reply content`` (:meth:`Exchange.gather
-        <strategies.exchange.Exchange.gather>`)."""
+        """One request per client, then wait: ``pid -> content`` (:meth:`~strategies.exchange.Exchange.gather`)."""
         return self.exchange.gather(requests, **kwargs)
 
     def cancel(self, pid: int) -> int:
@@ -406,60 +330,29 @@ class SFLStrategy(Strategy):
         return self.exchange.cancel(pid)
 
     def expected_duration(self, pid: int, request: Request) -> float:
-        """Seconds the timing model expects ``request`` to take on client ``pid``.
-
-        For schedules that adapt to device speed (S²FL's per-client cut,
-        RingSFL's propagation lengths). Random straggler delays are replaced by
-        their mean; nothing is sent and no random draw is consumed.
-        """
+        """Seconds the timing model expects ``request`` to take on client ``pid``, for schedules that adapt to
+        device speed (S²FL's per-client cut, RingSFL's propagation lengths): random straggler delays replaced
+        by their mean; nothing is sent and no random draw is consumed."""
         return self._duration(pid, request, None)
 
     def _duration(self, pid: int, request: Request, draw: int | None) -> float:
-        """Compute and client-server transfer time of ``request``, plus its D2D hop
-        (``request.d2d_bits`` at :attr:`d2d_bps`) when it has one."""
-        seconds = self.timing.duration(pid, request.flops, request.bits_up, request.download_bits, draw)
-        if request.d2d_bits:
-            seconds += self.timing.link_duration(request.d2d_bits, self.d2d_bps)
-        return seconds
-
-    def _exclude(self, pending: Pending, reason: str, non_finite: bool = False) -> Reply:
-        """Exclude a failed client: cancel its work, call :meth:`on_failure`, return an empty reply.
-
-        Raises:
-            DivergedError: no live client is left and every exclusion was for
-                non-finite values (the run itself diverged).
-            RunFailedError: no live client is left otherwise.
-        """
-        assert self.dispatcher is not None
-        pid = pending.partition_id
-        self.membership.exclude(pid, f"{pending.action}: {reason}", non_finite)
-        self.dispatcher.cancel(pid)
-        self.on_failure(pid, pending.action, reason)
-        self.membership.check_any_left(pid, reason)
-        return Reply(pid, pending.request, None, pending.due, pending.seq)
+        """:func:`strategies.exchange.request_seconds` with the run's timing and :attr:`d2d_bps`."""
+        return request_seconds(self.timing, self.d2d_bps, pid, request, draw)
 
     def validate_reply(self, pid: int, request: Request, content: RecordDict) -> ReplyProblem | None:
-        """Hook: why ``content`` is unusable as client ``pid``'s reply to ``request``, or None.
-
-        Called by :meth:`receive` on every successful reply before any
-        strategy code decodes it; a problem excludes the client like an error
-        reply. The default is :class:`~strategies.validation.ReplyChecker`
-        (records present, shapes, dtypes, batch size, label range, weight
-        names, example count, finiteness). A subclass that returns records of
-        its own may extend it (and call ``super()``).
-        """
+        """Hook: why ``content`` is unusable as client ``pid``'s reply to ``request``, or None. Called by
+        :meth:`receive` on every successful reply before any strategy code decodes it; a problem excludes the
+        client like an error reply. The default is :class:`~strategies.validation.ReplyChecker` (records,
+        shapes, dtypes, batch size, label range, weight names, example count, finiteness); a subclass that
+        returns records of its own may extend it (and call ``super()``)."""
         if self._checker is None:
             self._checker = ReplyChecker(self.task)
         info = self.clients.get(pid)
         return self._checker.problem(request, content, info.num_examples if info is not None else None)
 
     def evaluation_models(self) -> Mapping[Any, BlockModel] | None:
-        """Per-client full models to evaluate instead of :meth:`global_model`.
-
-        Strategies that keep a client-side model per client (the PSL family)
-        return ``{pid: client_k ∘ server}``; the default None evaluates the
-        one global model.
-        """
+        """Per-client full models to evaluate instead of :meth:`global_model`: ``{pid: client_k ∘ server}`` for
+        strategies that keep a client-side model per client (the PSL family); the default None: the global one."""
         return None
 
     def evaluate_global(self, full: bool = True) -> tuple[float, float, dict[str, float]]:
@@ -471,42 +364,30 @@ class SFLStrategy(Strategy):
                                self.task.data.test_batches, 0 if full else self.cfg.eval_samples)
 
     def evaluate_and_record(self, final: bool = False) -> dict[str, Any]:
-        """Evaluate (on the full test set when ``final``), append a metric row, update progress."""
-        if self._early_evaluation is not None and not final:  # the initial evaluation, made by prepare()
-            (loss, acc, per_client), self._early_evaluation = self._early_evaluation, None
-        else:
-            t0 = time.perf_counter()
-            loss, acc, per_client = self.evaluate_global(full=final)
-            self.eval_seconds += time.perf_counter() - t0
-        row = {
-            "global_iteration": self.global_iteration,
-            "server_updates": self.server_updates,
-            "virtual_time_s": round(self.clock.now(), 6),
-            "wall_time_s": round(time.monotonic() - self._wall0, 3),
-            "test_accuracy": acc,
-            "test_loss": loss,
-            "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down,
-            "exchanges": self.dispatcher.exchanges if self.dispatcher else 0,
-            **per_client,
-            **self.extra_metrics(),
-        }
-        self.rows.append(row)
-        if not (acc <= self.best_accuracy):
-            self.best_accuracy = acc
-        if self.recorder is not None:
-            self.recorder.append(row)
-        if self._bar is not None:
-            self._bar.set_postfix(acc=f"{acc:.4f}", vtime=f"{self.clock.now():.1f}s")
+        """Evaluate (on the full test set when ``final``; else the initial evaluation of :meth:`prepare` when
+        there is one), append a metric row (:meth:`MetricLog.record <strategies.metrics.MetricLog.record>`)."""
+        loss, acc, per_client = self.metric_log.evaluation(lambda: self.evaluate_global(full=final), not final)
+        counters = self.counters()
+        row = self.metric_log.record(counters, (loss, acc, per_client), self.extra_metrics(), self.recorder)
+        progress_bar.show(self._bar, acc, counters["virtual_time_s"])
         if not math.isfinite(loss):
             raise DivergedError(f"test loss is {loss} at global iteration {self.global_iteration}")
         return row
 
+    rows = property(lambda self: self.metric_log.rows, doc="The metric rows so far (one per evaluation).")
+
+    def counters(self) -> dict[str, Any]:
+        """The run's counters now (iterations, updates, virtual and wall seconds, bytes, exchanges), for
+        :mod:`strategies.metrics`."""
+        return {"global_iteration": self.global_iteration, "server_updates": self.server_updates,
+                "virtual_time_s": self.clock.now(), "wall_time_s": time.monotonic() - self._wall0,
+                "bytes_up": self.bytes_up, "bytes_down": self.bytes_down,
+                "exchanges": self.dispatcher.exchanges if self.dispatcher else 0}
+
     def end_global_iteration(self) -> None:
         """Count a global iteration; evaluate when due."""
         self.global_iteration += 1
-        if self._bar is not None:
-            self._bar.update(1)
+        progress_bar.tick(self._bar)
         every = self.cfg.eval_every
         last = self.global_iteration >= self.cfg.global_iterations
         if (every and self.global_iteration % every == 0) or last:
@@ -514,70 +395,37 @@ class SFLStrategy(Strategy):
 
     def should_stop(self) -> bool:
         """Stop conditions: iteration budget, target accuracy, virtual-time budget."""
-        c = self.cfg
-        if self.global_iteration >= c.global_iterations:
-            return True
-        if c.target_accuracy > 0 and self.rows and self.rows[-1]["test_accuracy"] >= c.target_accuracy:
-            return True
-        if c.max_virtual_time > 0 and self.clock.now() >= c.max_virtual_time:
-            return True
-        return False
+        c, rows = self.cfg, self.rows
+        return (self.global_iteration >= c.global_iterations
+                or (c.target_accuracy > 0 and bool(rows) and rows[-1]["test_accuracy"] >= c.target_accuracy)
+                or (c.max_virtual_time > 0 and self.clock.now() >= c.max_virtual_time))
 
     #: Raise :class:`DivergedError` when a training loss is not finite (:func:`strategies.errors.check_loss`).
     check_loss = staticmethod(check_loss)
 
     def summary_dict(self) -> dict[str, Any]:
-        """The summary.json content."""
-        last = self.rows[-1] if self.rows else {}
-        return {
-            "strategy": self.name,
-            "status": self.status,
-            "final_accuracy": last.get("test_accuracy", float("nan")),
-            "best_accuracy": self.best_accuracy,
-            "final_loss": last.get("test_loss", float("nan")),
-            "global_iterations": self.global_iteration,
-            "server_updates": self.server_updates,
-            "virtual_time_s": self.clock.now(),
-            "wall_time_s": time.monotonic() - self._wall0,
-            "bytes_up": self.bytes_up,
-            "bytes_down": self.bytes_down,
-            "exchanges": self.dispatcher.exchanges if self.dispatcher else 0,
-            "failed_clients": sorted(self.failed),
-            "failure_reasons": {str(p): self.failure_reasons[p] for p in sorted(self.failure_reasons)},
-            # the handshake's sizes: with device-local data, the server's own partition_sizes do not apply
-            "client_examples": {str(p): self.clients[p].num_examples for p in sorted(self.clients)},
-            "server_compute_s": self.server_compute_seconds(),
-        }
-
-    def server_compute_seconds(self) -> float:
-        """Wall seconds of the strategy's loop outside the dispatcher and evaluation: server-side compute."""
+        """The summary.json content (:meth:`MetricLog.summary <strategies.metrics.MetricLog.summary>`)."""
         waited = self.dispatcher.seconds if self.dispatcher else 0.0
-        return max(0.0, self.run_seconds - waited - self.eval_seconds)
+        return self.metric_log.summary(self.name, self.status, self.counters(), self.membership.summary(),
+                                       metrics.server_compute_seconds(self.run_seconds, waited,
+                                                                      self.metric_log.eval_seconds))
 
     # ------------------------------------------------------------------ checkpoints
-    #: Attributes that are not server state: the run's environment (the resumed run brings its own),
-    #: wall-clock bookkeeping (saved as elapsed seconds). The exchange leaves out its dispatcher (saved by its
-    #: own state_dict).
+    #: Attributes that are not server state: the run's environment (the resumed run brings its own), wall-clock
+    #: bookkeeping (saved as elapsed seconds), the checkpointing itself. The exchange leaves out its dispatcher.
     NOT_CHECKPOINTED: ClassVar[frozenset[str]] = frozenset({
         "cfg", "task", "clock", "timing", "recorder", "progress", "costs", "requests", "_bar", "_checker",
-        "_wall0", "_run_start", "checkpoint_path", "resume_from", "_resumed",
-    })
+        "_wall0", "_run_start", "checkpoints"})
+    checkpoint_path = property(lambda self: self.checkpoints.path, lambda self, v: setattr(self.checkpoints, "path", v),
+                               doc="Where :meth:`maybe_checkpoint` writes (set by the runner).")
+    resume_from = property(lambda self: self.checkpoints.resume_from,
+                           lambda self, v: setattr(self.checkpoints, "resume_from", v),
+                           doc="The checkpoint :meth:`start` resumes from (set by the runner).")
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """Hook: the strategy's server state for a checkpoint (models, optimizers, buffers, generators,
-        counters, metric rows).
-
-        The default is every instance attribute except :attr:`NOT_CHECKPOINTED`;
-        it is written in one :func:`torch.save` with the dispatcher's and the
-        clients' state, so shared objects (an optimizer's parameters, a
-        request both pending and tagged) stay shared. References to the
-        run's environment (the strategy itself, ``cfg``, ``task`` and its
-        attributes, clock, timing, recorder, grid) are written by name and
-        resolve to the resumed run's objects, which are rebuilt from the
-        configuration: a strategy must keep its changing state in its own
-        attributes, not in those objects. A subclass holding something that
-        cannot be pickled overrides this and :meth:`load_checkpoint_state`.
-        """
+        """Hook: the strategy's server state for a checkpoint (models, optimizers, buffers, generators, counters,
+        metric rows); by default every instance attribute but :attr:`NOT_CHECKPOINTED`. What it may hold and
+        how it is written: :class:`~strategies.checkpoint.Checkpointer`."""
         return {k: v for k, v in vars(self).items() if k not in self.NOT_CHECKPOINTED}
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
@@ -585,16 +433,16 @@ class SFLStrategy(Strategy):
         self.__dict__.update(state)
 
     def maybe_checkpoint(self) -> None:
-        """Write a checkpoint when ``checkpoint-every`` global iterations have passed since the last one.
-
-        The loops call it where the server state is whole: before each round
-        (:class:`SyncStrategy`), before waiting for each reply
-        (:class:`AsyncStrategy`). No checkpoint is written once the run has
-        stopped.
-        """
-        every = self.cfg.checkpoint_every
-        if every and self.checkpoint_path is not None and self.global_iteration >= self._checkpointed + every:
-            self.write_checkpoint(self.checkpoint_path)
+        """Write a checkpoint (:meth:`Checkpointer.write <strategies.checkpoint.Checkpointer.write>`) when
+        ``checkpoint-every`` global iterations have passed since the last one. The loops call it where the
+        server state is whole: before each round (:class:`SyncStrategy`), before waiting for each reply
+        (:class:`AsyncStrategy`); none is written once the run has stopped."""
+        if self.checkpoints.due(self.cfg.checkpoint_every, self.global_iteration):
+            assert self.dispatcher is not None
+            meta = {"strategy": self.name, "config": self.cfg.as_dict(), "global_iteration": self.global_iteration,
+                    "rows": len(self.rows), "virtual_time_s": self.clock.now()}
+            self.checkpoints.write(self.checkpoint_path, self.dispatcher, meta,
+                                   (time.monotonic() - self._wall0, time.perf_counter() - self._run_start))
 
     def between_rounds(self) -> None:
         """What a round-based loop does before each round: :meth:`maybe_checkpoint`, then :meth:`readmit`."""
@@ -602,70 +450,23 @@ class SFLStrategy(Strategy):
         self.readmit()
 
     def _environment(self, grid: Grid) -> dict[str, Any]:
-        """The run's objects that a checkpoint refers to by name instead of writing them (see :mod:`strategies.checkpoint`)."""
+        """The run's objects that a checkpoint refers to by name (:func:`strategies.checkpoint.environment`)."""
         return ckpt.environment({"strategy": self, "cfg": self.cfg, "task": self.task, "clock": self.clock,
                                  "timing": self.timing, "recorder": self.recorder, "costs": self.costs,
                                  "grid": grid}, self.task)
 
-    def write_checkpoint(self, path: str | Path) -> None:
-        """Write the server state to ``path`` (atomically; :func:`strategies.checkpoint.save_run`):
-        :meth:`checkpoint_state`, the dispatcher's pending work, the engine's client state, the clock,
-        the RNG states and the wall seconds so far.
-
-        Raises:
-            CheckpointError: the grid cannot save its clients' state (Ray, deployment).
-        """
-        assert self.dispatcher is not None
-        grid = self.dispatcher.grid
-        if not hasattr(grid, "checkpoint_state"):
-            raise ckpt.CheckpointError(CHECKPOINT_UNSUPPORTED)
-        self._checkpointed = self.global_iteration
-        meta = {"strategy": self.name, "config": self.cfg.as_dict(), "global_iteration": self.global_iteration,
-                "rows": len(self.rows), "virtual_time_s": self.clock.now()}
-        ckpt.save_run(path, grid, self.checkpoint_state(), self.dispatcher.state_dict(), self.clock.now(),
-                      (time.monotonic() - self._wall0, time.perf_counter() - self._run_start),
-                      self._environment(grid), meta)
-        log.info("checkpoint at global iteration %d -> %s", self.global_iteration, path)
-
     def restore_checkpoint(self, grid: Grid, path: str | Path) -> None:
-        """Continue from a checkpoint instead of the handshake, :meth:`initialize` and the first evaluation.
-
-        Restores the strategy, the clients' state on ``grid``, the pending
-        work (a new :class:`Dispatcher` on ``grid``), the clock, the RNG
-        states, and truncates the recorder's metrics.csv to the rows written
-        by then (``recorder.resume(rows)``).
-
-        Raises:
-            CheckpointError: unreadable file, another strategy or configuration
-                (``checkpoint-every`` and ``output-dir`` may differ), or a grid
-                that cannot restore client state (:func:`strategies.checkpoint.load_run`).
-        """
-        state = ckpt.load_run(path, self.name, self.cfg.as_dict(), grid, self._environment(grid), DEFAULTS)
-        self.load_checkpoint_state(state["strategy"])
-        self.dispatcher = self._new_dispatcher(grid)
-        self.dispatcher.load_state_dict(state["dispatcher"])
-        self.clock.resume_at(float(state["clock"]))
-        ckpt.set_rng_state(state["rng"])
-        self._wall0 = time.monotonic() - float(state["wall_s"])
-        self.run_seconds = float(state["run_s"])
+        """Continue from a checkpoint instead of the handshake, :meth:`initialize` and the first evaluation
+        (:meth:`Checkpointer.restore <strategies.checkpoint.Checkpointer.restore>`; raises its
+        ``CheckpointError``), and truncate the recorder's metrics.csv to the rows written by then."""
+        self.dispatcher, wall_s, self.run_seconds = self.checkpoints.restore(grid, path, self.cfg.as_dict(),
+                                                                             DEFAULTS, self.clock)
+        self.checkpoints.last = self.global_iteration
+        self._wall0 = time.monotonic() - wall_s
         if self.recorder is not None and hasattr(self.recorder, "resume"):
             self.recorder.resume(self.rows)
-        self._resumed = True
         log.info("resumed %s at global iteration %d (virtual time %.3f s) from %s",
                  self.name, self.global_iteration, self.clock.now(), path)
-
-    # ------------------------------------------------------------------ progress
-    def _open_progress(self) -> None:
-        if self.progress:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=self.cfg.global_iterations, initial=self.global_iteration, desc=self.name,
-                             unit="it", leave=True)
-
-    def _close_progress(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
 
 
 class SyncStrategy(SFLStrategy):
@@ -691,17 +492,12 @@ class SyncStrategy(SFLStrategy):
 
 
 class AsyncStrategy(SFLStrategy):
-    """Asynchronous strategies: handle replies one by one in clock order.
-
-    The subclass starts work in :meth:`launch` (called for each free slot),
-    handles each reply in :meth:`on_reply`, and calls
-    :meth:`end_global_iteration` when its global iteration completes.
-    """
+    """Asynchronous strategies: handle replies one by one in clock order (the module docstring's loop shapes)."""
 
     def run(self) -> None:
         """Keep ``concurrency`` clients busy; dispatch replies until a stop condition."""
         assert self.dispatcher is not None
-        if not self._resumed:  # a resumed run's clients are at work already (the checkpoint's pending work)
+        if not self.checkpoints.resumed:  # a resumed run's clients are at work already (the checkpoint's pending work)
             for pid in self.select(self.cfg.concurrency):
                 self.launch(pid)
         while not self.should_stop():
@@ -713,11 +509,6 @@ class AsyncStrategy(SFLStrategy):
                 self.refill()
                 continue
             self.on_reply(reply)
-
-    def idle_clients(self) -> list[int]:
-        """Live clients with no message in flight."""
-        assert self.dispatcher is not None
-        return [p for p in self.live_clients() if not self.dispatcher.busy(p)]
 
     def refill(self) -> None:
         """Start new clients (uniformly from the idle ones) until ``concurrency`` are busy."""

@@ -10,7 +10,7 @@ killed while writing one keeps the previous one. It holds
 * ``state``: the server state as bytes of :func:`torch.save` (tensors keep
   their shared storages, optimizers keep their parameters): the strategy's
   attributes, the dispatcher's pending work, the clock, the RNG states and
-  the engine's client state (see :meth:`strategies.base.SFLStrategy.write_checkpoint`).
+  the engine's client state (see :meth:`Checkpointer.write`).
 
 Objects of the run's environment (the task and its data, the
 configuration, clock, timing, recorder and grid) are not written: they are
@@ -18,16 +18,20 @@ written as references by name (see :func:`dumps`) and replaced by the
 resumed run's own objects when loading (:func:`loads`). The file is a
 pickle: resume only run directories you trust, as with
 ``torch.load(weights_only=False)``.
+
+:class:`Checkpointer` is a strategy's checkpointing: when one is due, writing
+it, resuming from it; it receives the strategy's callbacks, not the strategy.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +40,15 @@ import torch
 
 from fl_app.errors import ConfigError
 
+log = logging.getLogger("sflower")
+
 #: The checkpoint's file name inside the run directory.
 CHECKPOINT_FILE = "checkpoint.pt"
 #: Version of the file layout; a file of another version is refused.
 FORMAT = 1
 
 __all__ = ["CHECKPOINT_FILE", "CHECKPOINT_UNSUPPORTED", "FORMAT", "CheckpointError", "dumps", "loads", "write",
-           "read", "read_meta", "rng_state", "set_rng_state", "environment", "save_run", "load_run"]
+           "read", "read_meta", "rng_state", "set_rng_state", "environment", "save_run", "load_run", "Checkpointer"]
 
 
 class CheckpointError(ConfigError):
@@ -224,3 +230,82 @@ def load_run(path: str | Path, name: str, config: Mapping[str, Any], grid: Any,
     except ValueError as err:
         raise CheckpointError(f"{path}: {err}") from None
     return state
+
+
+class Checkpointer:
+    """A strategy's checkpoints: when one is due, writing one (:func:`save_run`), resuming from one (:func:`load_run`).
+
+    The strategy's state (its ``checkpoint_state`` hook, by default every
+    attribute but ``NOT_CHECKPOINTED``) is written in one :func:`torch.save`
+    with the dispatcher's and the clients' state, so shared objects (an
+    optimizer's parameters, a request both pending and tagged) stay shared.
+    References to the run's environment (the strategy itself, ``cfg``,
+    ``task`` and its attributes, clock, timing, recorder, grid) are written by
+    name and resolve to the resumed run's objects, which are rebuilt from the
+    configuration: a strategy must keep its changing state in its own
+    attributes, not in those objects. A strategy holding something that
+    cannot be pickled overrides ``checkpoint_state`` and ``load_checkpoint_state``.
+
+    Args:
+        name: the strategy's registry name (a checkpoint of another is refused).
+        state: ``() -> dict``, the strategy's server state (its ``checkpoint_state`` hook).
+        load_state: ``(dict) -> None``, restores it (its ``load_checkpoint_state`` hook).
+        env: ``(grid) -> {name: object}``, the run's objects written by name (:func:`environment`).
+        new_dispatcher: ``(grid) -> Dispatcher`` for the registered clients, made after ``load_state``.
+    """
+
+    def __init__(self, name: str, state: Callable[[], dict[str, Any]], load_state: Callable[[dict[str, Any]], None],
+                 env: Callable[[Any], dict[str, Any]], new_dispatcher: Callable[[Any], Any]) -> None:
+        self.name, self.state, self.load_state, self.env = name, state, load_state, env
+        self.new_dispatcher = new_dispatcher
+        #: where checkpoints are written (set by the runner when ``checkpoint-every`` > 0)
+        self.path: Path | None = None
+        #: the checkpoint the run resumes from instead of starting afresh (set by the runner)
+        self.resume_from: Path | None = None
+        #: global iteration of the last checkpoint written or resumed from
+        self.last = 0
+        #: whether the run resumed from a checkpoint
+        self.resumed = False
+
+    def due(self, every: int, global_iteration: int) -> bool:
+        """Whether ``every`` (``checkpoint-every``; 0: never) global iterations have passed since the last
+        checkpoint and the runner gave a :attr:`path`."""
+        return bool(every) and self.path is not None and global_iteration >= self.last + every
+
+    def write(self, path: str | Path, dispatcher: Any, meta: Mapping[str, Any], seconds: tuple[float, float]) -> None:
+        """Write the server state to ``path`` (atomically, :func:`save_run`): ``state()``, the dispatcher's
+        pending work, the engine's client state, the clock, the RNG states and the ``(wall, run)`` seconds.
+
+        ``meta`` holds ``strategy``, ``config``, ``global_iteration``, ``rows`` and ``virtual_time_s``.
+
+        Raises:
+            CheckpointError: the grid cannot save its clients' state (Ray, deployment).
+        """
+        grid = dispatcher.grid
+        if not hasattr(grid, "checkpoint_state"):
+            raise CheckpointError(CHECKPOINT_UNSUPPORTED)
+        self.last = meta["global_iteration"]
+        save_run(path, grid, self.state(), dispatcher.state_dict(), meta["virtual_time_s"], seconds, self.env(grid),
+                 meta)
+        log.info("checkpoint at global iteration %d -> %s", meta["global_iteration"], path)
+
+    def restore(self, grid: Any, path: str | Path, config: Mapping[str, Any], defaults: Mapping[str, Any],
+                clock: Any) -> tuple[Any, float, float]:
+        """Restore the strategy (``load_state``), the clients' state on ``grid``, the pending work (a new
+        dispatcher on ``grid``), ``clock`` and the RNG states from the checkpoint at ``path``.
+
+        Returns:
+            ``(dispatcher, wall seconds, run seconds)`` so far.
+
+        Raises:
+            CheckpointError: unreadable file, another strategy or configuration (``checkpoint-every`` and
+                ``output-dir`` may differ), or a grid that cannot restore client state (:func:`load_run`).
+        """
+        state = load_run(path, self.name, config, grid, self.env(grid), defaults)
+        self.load_state(state["strategy"])
+        dispatcher = self.new_dispatcher(grid)
+        dispatcher.load_state_dict(state["dispatcher"])
+        clock.resume_at(float(state["clock"]))
+        set_rng_state(state["rng"])
+        self.resumed = True
+        return dispatcher, float(state["wall_s"]), float(state["run_s"])

@@ -2,11 +2,12 @@
 
 :class:`Exchange` wraps the :class:`~strategies.dispatcher.Dispatcher` (made
 once the handshake is done): each request sent gets its duration from the
-``duration`` callback (the strategy's timing model, with a per-client draw
-counter) and its content's arrays count in ``bytes_down``; each reply is
+``duration`` callback (the strategy's timing model, :func:`request_seconds`,
+with a per-client draw counter) and its content's arrays count in ``bytes_down``; each reply is
 checked by the ``validate`` callback and counts in ``bytes_up`` when its
-request is metered. A failed or malformed reply is handed to the ``exclude``
-callback. :class:`~strategies.base.SFLStrategy` keeps one and delegates
+request is metered. A failed or malformed reply excludes its client
+(:meth:`Exchange.exclude`: recorded in the :class:`~strategies.membership.Membership`,
+its work cancelled, the ``on_failure`` callback told). :class:`~strategies.base.SFLStrategy` keeps one and delegates
 ``send``, ``receive``, ``gather``, ``gather_replies`` and ``cancel`` to it.
 """
 
@@ -20,12 +21,22 @@ from typing import Any
 from flwr.app import RecordDict
 
 from fl_app import protocol as P
-from strategies.clock import Clock
+from fl_app.config import RunConfig
+from strategies.clock import Clock, Timing
 from strategies.dispatcher import SCHEDULED, Dispatcher, Pending, Reply, Request
-from strategies.membership import _last_line
+from strategies.membership import Membership, _last_line
 from strategies.validation import ReplyProblem
 
 log = logging.getLogger("sflower")
+
+
+def request_seconds(timing: Timing, d2d_bps: float, pid: int, request: Request, draw: int | None) -> float:
+    """Compute and client-server transfer time of ``request`` on client ``pid`` (``draw``: its straggler draw,
+    None: the mean), plus its D2D hop (``request.d2d_bits`` at ``d2d_bps`` bits/s) when it has one."""
+    seconds = timing.duration(pid, request.flops, request.bits_up, request.download_bits, draw)
+    if request.d2d_bits:
+        seconds += timing.link_duration(request.d2d_bits, d2d_bps)
+    return seconds
 
 
 class Exchange:
@@ -35,14 +46,16 @@ class Exchange:
         clock: the run's clock (a straggler deadline moves it).
         duration: ``(pid, request, draw) -> seconds`` (``draw`` None: the expected value).
         validate: ``(pid, request, content) -> problem or None`` for each successful reply.
-        exclude: ``(pending, reason, non_finite) -> Reply`` for a failed client; returns the empty reply.
+        membership: the run's clients, where an exclusion is recorded.
+        on_failure: ``(pid, action, reason) -> None``, told after a client's exclusion.
     """
 
     def __init__(self, clock: Clock, duration: Callable[[int, Request, int | None], float],
                  validate: Callable[[int, Request, RecordDict], ReplyProblem | None],
-                 exclude: Callable[[Pending, str, bool], Reply]) -> None:
+                 membership: Membership, on_failure: Callable[[int, str, str], None]) -> None:
         self.clock = clock
-        self.duration, self.validate, self.exclude = duration, validate, exclude
+        self.duration, self.validate = duration, validate
+        self.membership, self.on_failure = membership, on_failure
         self.dispatcher: Dispatcher | None = None
         self.bytes_up = 0
         self.bytes_down = 0
@@ -75,13 +88,40 @@ class Exchange:
         self.draws[pid] += 1
         return self.dispatcher.send(pid, request, self.duration(pid, request, draw))
 
+    def exclude(self, pending: Pending, reason: str, non_finite: bool = False) -> Reply:
+        """Exclude a failed client: record it in the membership, cancel its work, tell ``on_failure``;
+        the empty reply (``content=None``).
+
+        Raises:
+            DivergedError: no live client is left and every exclusion was for
+                non-finite values (the run itself diverged).
+            RunFailedError: no live client is left otherwise.
+        """
+        assert self.dispatcher is not None
+        pid = pending.partition_id
+        self.membership.exclude(pid, f"{pending.action}: {reason}", non_finite)
+        self.dispatcher.cancel(pid)
+        self.on_failure(pid, pending.action, reason)
+        self.membership.check_any_left(pid, reason)
+        return Reply(pid, pending.request, None, pending.due, pending.seq)
+
+    def readmit(self, cfg: RunConfig) -> list[int]:
+        """Re-admit excluded clients whose SuperNode came back (:meth:`Membership.readmit
+        <strategies.membership.Membership.readmit>`); their messages go to the new node. None before the
+        handshake."""
+        if self.dispatcher is None:
+            return []
+        back = self.membership.readmit(self.dispatcher.grid, cfg)
+        for pid in back:
+            self.dispatcher.node_of[pid] = self.membership.clients[pid].node_id
+        return back
+
     def receive(self, until: float | None = None) -> Reply | None:
         """The next reply in clock order (see :meth:`Dispatcher.next_reply`).
 
         A failed client (error reply, timeout, or a reply that
         ``validate`` rejects) gives a :class:`Reply` with ``content=None``
-        from ``exclude`` (the strategy excludes the client, cancels its other
-        requests and calls its ``on_failure`` hook).
+        from :meth:`exclude`.
 
         Raises:
             DivergedError: the last live client was excluded and every

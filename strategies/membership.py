@@ -2,17 +2,20 @@
 
 :class:`Membership` holds the clients the ``query.info`` handshake
 registered (:class:`ClientInfo`), the excluded ones with their reasons, and
-the seeded selection generator. It receives the grid and the run
+the seeded selection generator, and derives the step counts and averaging
+weights from the clients' example counts. It receives the grid and the run
 configuration with each call; :class:`~strategies.base.SFLStrategy` keeps
-one and delegates ``connect``, ``readmit``, ``live_clients`` and ``select`` to it.
+one and delegates ``connect``, ``readmit``, ``live_clients``, ``select``,
+``local_steps``, ``cohort_steps`` and ``aggregation_weight`` to it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -295,6 +298,41 @@ class Membership:
             if self.failed <= self.non_finite:
                 raise DivergedError(f"every client sent non-finite values (last: client {pid}, {reason})")
             raise RunFailedError("every client has failed")
+
+    # ------------------------------------------------------------------ the clients' data sizes
+    def local_steps(self, pid: int, cfg: RunConfig, batch: int | None = None) -> int:
+        """Client ``pid``'s local iterations in one local round (E).
+
+        ``local-iterations``; or, with ``local-epochs=N > 0``, ``N`` passes over
+        its own partition of ``|D_k|`` examples: ``N·⌊|D_k|/b⌋`` steps of
+        ``b = batch`` (default ``batch-size``) examples, at least ``N`` (the
+        RingSFL authors' loaders drop the last partial batch, as sflower's
+        sampler does). With unequal partitions the counts differ per client.
+        """
+        if not cfg.local_epochs:
+            return cfg.local_iterations
+        return cfg.local_epochs * max(1, self.clients[pid].num_examples // (batch or cfg.batch_size))
+
+    def cohort_steps(self, members: Sequence[int], cfg: RunConfig) -> int:
+        """Steps of a round that feeds every member in lockstep or in turn: the most of the
+        members' :meth:`local_steps` (``local-iterations`` without ``local-epochs``).
+
+        RingSFL's round (every step feeds one batch of every member; a member whose
+        partition runs out starts its next pass) and vanilla SL's ``sl-order=batch``
+        round, which RingSFL §6 counts as ``local_epoch_num × batch_num`` steps, a
+        client's batches per epoch, not the cohort's."""
+        return max(self.local_steps(int(p), cfg) for p in members)
+
+    def aggregation_weight(self, pid: int, cfg: RunConfig) -> float:
+        """Weight of a client's model in averaging: ``|D_k|`` (GAS eq. 10), or 1 with ``aggregation=uniform``."""
+        return 1.0 if cfg.aggregation == "uniform" else float(self.clients[pid].num_examples)
+
+    def summary(self) -> dict[str, Any]:
+        """The clients' part of ``summary.json``: the excluded clients, why, and the handshake's example
+        counts (with device-local data, the server's own partition sizes do not apply)."""
+        return {"failed_clients": sorted(self.failed),
+                "failure_reasons": {str(p): self.failure_reasons[p] for p in sorted(self.failure_reasons)},
+                "client_examples": {str(p): self.clients[p].num_examples for p in sorted(self.clients)}}
 
 
 def _last_line(text: str) -> str:
