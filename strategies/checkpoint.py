@@ -44,8 +44,9 @@ log = logging.getLogger("sflower")
 
 #: The checkpoint's file name inside the run directory.
 CHECKPOINT_FILE = "checkpoint.pt"
-#: Version of the file layout; a file of another version is refused.
-FORMAT = 1
+#: Version of the file layout; a file of another version is refused. 2: the strategy's state holds its
+#: collaborators (membership, exchange, metric log, checkpointer; issue 22) where 1 held their attributes.
+FORMAT = 2
 
 __all__ = ["CHECKPOINT_FILE", "CHECKPOINT_UNSUPPORTED", "FORMAT", "CheckpointError", "dumps", "loads", "write",
            "read", "read_meta", "rng_state", "set_rng_state", "environment", "save_run", "load_run", "Checkpointer"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -154,6 +155,12 @@ def test_bad_resume_input_is_one_line_error(tmp_path, capsys):
     assert cli.main(["run", f"resume={empty}", "engine=ray"]) == 2
     assert "in-process engine" in capsys.readouterr().err
     assert cli.main(["run", "engine=ray", "checkpoint-every=2"]) == 2
+    capsys.readouterr()
+    with open(empty / ckpt.CHECKPOINT_FILE, "wb") as fh:  # an earlier layout (before issue 22's collaborators)
+        pickle.dump({"format": ckpt.FORMAT - 1, "meta": {}, "state": b""}, fh)
+    assert cli.main(["run", f"resume={empty}"]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint format {ckpt.FORMAT - 1}; this sflower reads {ckpt.FORMAT}" in err and err.count("\n") == 1
     with pytest.raises(ConfigError):
         RunConfig.from_mapping({"checkpoint-every": -1})
 
