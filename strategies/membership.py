@@ -128,10 +128,7 @@ class Membership:
             for nid in unassigned[len(free):]:
                 log.warning("node %d left out: all %d partition ids are taken", nid, need)
             assigned = dict(zip(unassigned, free))
-            contents = self._task_contents(cfg, assigned)
-            for nid, pid in assigned.items():
-                contents[nid][P.INFO] = ConfigRecord({P.INFO_PARTITION_ID: pid})
-            for nid, info in self._handshake(grid, contents, t0, timeout):
+            for nid, info in self._handshake(grid, self._task_contents(cfg, assigned, assigned), t0, timeout):
                 if int(info[P.INFO_PARTITION_ID]) != assigned[nid]:
                     raise RunFailedError(f"node {nid} did not take partition id {assigned[nid]} "
                                          f"(it replied {info[P.INFO_PARTITION_ID]})")
@@ -146,10 +143,12 @@ class Membership:
             log.warning("no node holds partitions %s; the run goes on with %d clients", missing, len(self.clients))
 
     @staticmethod
-    def _task_contents(cfg: RunConfig, node_ids: Iterable[int]) -> dict[int, RecordDict]:
-        """The ``query.info`` content for each of ``node_ids``: the run's configuration (the task)."""
-        task_record = ConfigRecord(cfg.as_dict())
-        return {nid: RecordDict({P.TASK: task_record}) for nid in node_ids}
+    def _task_contents(cfg: RunConfig, node_ids: Iterable[int],
+                       partition_ids: Mapping[int, int] | None = None) -> dict[int, RecordDict]:
+        """The ``query.info`` content for each of ``node_ids``: the run's configuration (the task), and
+        the partition id ``partition_ids[node_id]`` assigned to a node holding its own data."""
+        task_record, assigned = ConfigRecord(cfg.as_dict()), partition_ids or {}
+        return {nid: P.requests.query_info(task_record, assigned.get(nid)) for nid in node_ids}
 
     @staticmethod
     def _handshake(grid: Grid, contents: Mapping[int, RecordDict], t0: float, timeout: float,
