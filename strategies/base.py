@@ -16,14 +16,8 @@ receives data and callbacks, not the strategy:
 The base class delegates to them with thin methods (``connect``, ``select``,
 ``send``, ``gather``, ``local_steps``, ...) that subclasses call.
 
-Loop shapes:
-
-* :class:`SyncStrategy`: ``run_round(cohort)`` per global iteration, the
-  cohort from :meth:`SyncStrategy.next_cohort`; a round's virtual time is
-  its slowest member's;
-* :class:`AsyncStrategy`: ``launch(pid)`` per free slot, ``on_reply(reply)``
-  for each reply in virtual completion-time order; the subclass calls
-  :meth:`SFLStrategy.end_global_iteration` when a global iteration is done.
+The loop shapes (:class:`~strategies.loops.SyncStrategy`,
+:class:`~strategies.loops.AsyncStrategy`) are in :mod:`strategies.loops`.
 
 Hooks a strategy overrides (the full list; each with its contract):
 
@@ -46,7 +40,7 @@ hook                        contract
 ``summary_dict``            ``summary.json`` (extend with ``super()``)
 ``checkpoint_state``,       the server state a checkpoint saves and restores (default: every
 ``load_checkpoint_state``   attribute but :attr:`SFLStrategy.NOT_CHECKPOINTED`)
-``run``                     the loop itself: provided by the loop shapes, not overridden
+``run``                     the loop itself: provided by :mod:`strategies.loops`, not overridden
 ==========================  =====================================================================
 
 Split strategies add theirs (:class:`strategies.split.SyncSplitStrategy`:
@@ -94,8 +88,8 @@ from strategies.requests import RequestBuilder
 from strategies.validation import ReplyChecker, ReplyProblem
 
 #: Names other modules import from here.
-__all__ = ["CHECKPOINT_UNSUPPORTED", "STREAM_SELECTION", "AsyncStrategy", "ClientInfo", "DivergedError",
-           "RunFailedError", "SFLStrategy", "SyncStrategy"]
+__all__ = ["CHECKPOINT_UNSUPPORTED", "STREAM_SELECTION", "ClientInfo", "DivergedError", "RunFailedError",
+           "SFLStrategy"]
 
 log = logging.getLogger("sflower")
 
@@ -225,7 +219,7 @@ class SFLStrategy(EventLoopStrategy):
         """Build server-side state (models, buffers) after the handshake."""
 
     def run(self) -> None:
-        """The strategy's loop; provided by :class:`SyncStrategy` / :class:`AsyncStrategy`."""
+        """The strategy's loop; provided by :class:`~strategies.loops.SyncStrategy` / :class:`~strategies.loops.AsyncStrategy`."""
         raise NotImplementedError
 
     def global_model(self) -> BlockModel:
@@ -435,8 +429,8 @@ class SFLStrategy(EventLoopStrategy):
     def maybe_checkpoint(self) -> None:
         """Write a checkpoint (:meth:`Checkpointer.write <strategies.checkpoint.Checkpointer.write>`) when
         ``checkpoint-every`` global iterations have passed since the last one. The loops call it where the
-        server state is whole: before each round (:class:`SyncStrategy`), before waiting for each reply
-        (:class:`AsyncStrategy`); none is written once the run has stopped."""
+        server state is whole: before each round (:class:`~strategies.loops.SyncStrategy`), before waiting for each reply
+        (:class:`~strategies.loops.AsyncStrategy`); none is written once the run has stopped."""
         if self.checkpoints.due(self.cfg.checkpoint_every, self.global_iteration):
             assert self.dispatcher is not None
             meta = {"strategy": self.name, "config": self.cfg.as_dict(), "global_iteration": self.global_iteration,
@@ -468,63 +462,3 @@ class SFLStrategy(EventLoopStrategy):
         log.info("resumed %s at global iteration %d (virtual time %.3f s) from %s",
                  self.name, self.global_iteration, self.clock.now(), path)
 
-
-class SyncStrategy(SFLStrategy):
-    """Synchronous strategies: select a cohort, run a round, repeat."""
-
-    def run(self) -> None:
-        """Rounds until a stop condition holds."""
-        while not self.should_stop():
-            self.between_rounds()
-            cohort = self.next_cohort()
-            if not cohort:
-                raise RunFailedError("no live clients left to select")
-            self.run_round(cohort)
-            self.end_global_iteration()
-
-    def next_cohort(self) -> list[int]:
-        """Hook: the clients of the next round: ``concurrency`` live clients drawn uniformly (seeded)."""
-        return self.select(self.cfg.concurrency)
-
-    def run_round(self, cohort: list[int]) -> None:
-        """One global iteration with ``cohort`` (partition ids)."""
-        raise NotImplementedError
-
-
-class AsyncStrategy(SFLStrategy):
-    """Asynchronous strategies: handle replies one by one in clock order (the module docstring's loop shapes)."""
-
-    def run(self) -> None:
-        """Keep ``concurrency`` clients busy; dispatch replies until a stop condition."""
-        assert self.dispatcher is not None
-        if not self.checkpoints.resumed:  # a resumed run's clients are at work already (the checkpoint's pending work)
-            for pid in self.select(self.cfg.concurrency):
-                self.launch(pid)
-        while not self.should_stop():
-            self.maybe_checkpoint()
-            if self.dispatcher.in_flight == 0:
-                raise RunFailedError("no client is training and none can be started")
-            reply = self.receive()
-            if reply is None or not reply.ok:
-                self.refill()
-                continue
-            self.on_reply(reply)
-
-    def refill(self) -> None:
-        """Start new clients (uniformly from the idle ones) until ``concurrency`` are busy."""
-        assert self.dispatcher is not None
-        if self.should_stop():
-            return
-        self.readmit()
-        free = self.cfg.concurrency - self.dispatcher.in_flight
-        busy = [p for p in self.live_clients() if self.dispatcher.busy(p)]
-        for pid in self.select(free, exclude=busy):
-            self.launch(pid)
-
-    def launch(self, pid: int) -> None:
-        """Start a client's local work."""
-        raise NotImplementedError
-
-    def on_reply(self, reply: Reply) -> None:
-        """Handle one successful reply (in virtual completion-time order)."""
-        raise NotImplementedError

@@ -22,7 +22,8 @@ from strategies.aggregation import (
     staleness_weight,
     state_delta,
 )
-from strategies.base import AsyncStrategy, SFLStrategy, SyncStrategy
+from strategies.base import SFLStrategy
+from strategies.loops import AsyncStrategy, SyncStrategy
 from strategies.dispatcher import Reply, Request
 from strategies.registry import register
 from strategies.requests import optimizer_settings

@@ -39,7 +39,7 @@ from fl_app.task import Task, seeded_generator
 from fl_app.config import Option, RunConfig
 from fl_app.errors import ConfigError
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
-from strategies.base import AsyncStrategy
+from strategies.loops import AsyncStrategy
 from strategies.dispatcher import Reply
 from strategies.gas_metrics import gradient_dissimilarity, reference_batch
 from strategies.generation import LabelGaussians

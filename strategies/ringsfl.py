@@ -81,7 +81,7 @@ from fl_app.config import Option, RunConfig
 from fl_app.models import BlockModel
 from fl_app.task import Task
 from strategies.aggregation import weighted_average
-from strategies.base import SyncStrategy
+from strategies.loops import SyncStrategy
 from strategies.dispatcher import Request
 from strategies.registry import register
 from strategies.requests import optimizer_settings

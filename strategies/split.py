@@ -34,7 +34,8 @@ from fl_app.models import BlockModel, split_model
 from fl_app.task import Task
 from fl_app.training import make_sgd
 from strategies.aggregation import average_uploads
-from strategies.base import SFLStrategy, SyncStrategy
+from strategies.base import SFLStrategy
+from strategies.loops import SyncStrategy
 from strategies.dispatcher import Request
 from strategies.requests import optimizer_settings
 from strategies.server_step import LossFn, zo_step

@@ -8,14 +8,13 @@
   :data:`STRATEGY_BASES`, directly or through another) spans at most
   :data:`MAX_STRATEGY_LINES` lines from its ``class`` line to its last line,
   and no module outside ``tests/`` has more than :data:`MAX_MODULE_LINES`
-  lines (the base class itself is bounded by its module's size).
+  lines (the base classes themselves are bounded by their modules' sizes).
 
 Every import counts for the floors: at module level, inside functions and
 under ``TYPE_CHECKING``. The cycle check leaves out the last kind, which never
 runs. Each check is parametrised so that a failure names the
-offending module, class or import. :data:`PENDING_ISSUE_22` lists the
-offenders that issue 22's other parts are removing; they are strict xfails
-(so they fail once fixed) and the list is to be emptied when those parts land.
+offending module, class or import. There is no list of exceptions: code that
+lands meets the limits.
 """
 
 from __future__ import annotations
@@ -31,15 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The floors, bottom first: a module may import from its own floor and those below it.
 FLOORS = ("fl_app", "strategies", "simulation")
 #: The classes whose subclasses are strategies (``strategies/``).
-STRATEGY_BASES = frozenset({"SFLStrategy"})
+STRATEGY_BASES = frozenset({"SFLStrategy", "SyncStrategy", "AsyncStrategy"})
 MAX_STRATEGY_LINES = 150
 MAX_MODULE_LINES = 500
-
-#: Offenders that other parts of issue 22 are fixing concurrently ("path" for a module's size,
-#: "path::Class" for a strategy class): strict xfails until then. Empty it when they have landed.
-PENDING_ISSUE_22 = frozenset({
-    "strategies/base.py",
-})
 
 
 @cache
@@ -137,12 +130,6 @@ def _cycle_through(name: str) -> list[str] | None:
     return None
 
 
-def _param(key: str, *values: object):
-    marks = [pytest.mark.xfail(strict=True, reason="issue 22: being fixed in another branch")] \
-        if key in PENDING_ISSUE_22 else []
-    return pytest.param(*values, id=key, marks=marks)
-
-
 def _strategy_classes() -> list[tuple[str, str, int]]:
     """``(file, class, lines)`` of every class in ``strategies/`` that subclasses :data:`STRATEGY_BASES`."""
     classes = []
@@ -177,12 +164,12 @@ def test_no_import_cycle(name):
     assert cycle is None, f"import cycle: {' -> '.join([*cycle, name])}"
 
 
-@pytest.mark.parametrize("path,cls,lines", [_param(f"{f}::{c}", f, c, n) for f, c, n in _strategy_classes()])
+@pytest.mark.parametrize("path,cls,lines", [pytest.param(f, c, n, id=f"{f}::{c}") for f, c, n in _strategy_classes()])
 def test_strategy_class_size(path, cls, lines):
     assert lines <= MAX_STRATEGY_LINES, f"{path}: strategy class {cls} spans {lines} lines (> {MAX_STRATEGY_LINES})"
 
 
-@pytest.mark.parametrize("path", [_param(_rel(p), _rel(p)) for p in modules().values()])
+@pytest.mark.parametrize("path", [_rel(p) for p in modules().values()])
 def test_module_size(path):
     lines = len((ROOT / path).read_text().splitlines())
     assert lines <= MAX_MODULE_LINES, f"{path} has {lines} lines (> {MAX_MODULE_LINES})"
@@ -193,12 +180,3 @@ def test_checks_see_the_code():
     found = {cls for _, cls, _ in _strategy_classes()}
     assert {"GAS", "RingSFL"} <= found, found
     assert "strategies.registry" in {t for t, _ in imports("simulation.server_app")}
-
-
-@pytest.mark.parametrize("key", sorted(PENDING_ISSUE_22))
-def test_pending_entries_name_existing_code(key):
-    """Each pending offender still exists (a file split or renamed away must leave the list)."""
-    path, _, cls = key.partition("::")
-    assert (ROOT / path).is_file(), f"{path} no longer exists: remove {key!r} from PENDING_ISSUE_22"
-    if cls:
-        assert cls in {c for f, c, _ in _strategy_classes() if f == path}, f"remove {key!r} from PENDING_ISSUE_22"
