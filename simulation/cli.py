@@ -283,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--quick", action="store_true", help="smaller budgets")
     bn.add_argument("--data-dir", default=None, help="Fashion-MNIST directory (default ../shared/data/fashion-mnist)")
     bn.add_argument("--against", default=None, metavar="REV",
-                    help="throughput: also run git revision REV (e.g. HEAD) side by side and report the ratio; "
+                    help="engine (its small run), throughput, ring (one round): also run git revision REV "
+                         "(e.g. HEAD) side by side, alternately, and report the ratio; "
                          "generation: REV's statistics memory beside ours (default HEAD); "
                          "summary (required): REV's headline figures beside ours, in one table")
     bn.set_defaults(func=cmd_bench)

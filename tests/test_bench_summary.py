@@ -39,3 +39,24 @@ def test_summary_without_a_revision_or_with_an_unknown_one_is_a_one_line_error()
         err = proc.stderr.strip().splitlines()
         assert len(err) == 1 and words in err[0], proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_side_by_side_alternates_old_and_new_in_their_own_trees(tmp_path):
+    """``--against``'s runs: the revision's extracted tree and this checkout, in the order old, new, new, old."""
+    from simulation.bench.common import REPO_ROOT, side_by_side
+
+    calls = []
+    runs = side_by_side("HEAD", tmp_path, 2, lambda src, out: calls.append((src, out.name)) or {"n": len(calls)})
+    old_src = tmp_path / "src-old"
+    assert calls == [(old_src, "old-0"), (REPO_ROOT, "new-0"), (REPO_ROOT, "new-1"), (old_src, "old-1")]
+    assert runs == {"old": [{"n": 1}, {"n": 4}], "new": [{"n": 2}, {"n": 3}]}
+    assert (old_src / "strategies" / "base.py").is_file()  # HEAD's tree, extracted
+
+
+def test_ring_against_head_gives_the_same_round(shared_data, tmp_path):
+    """``sflower bench ring --against HEAD`` on 2 steps: both sides run, with the same losses and exchanges."""
+    from simulation.bench.ring import ring_against
+
+    out = ring_against(tmp_path, "HEAD", 2, shared_data / "mnist", repeats=1)
+    assert out["same_results"] and out["old"]["round_s"] > 0 and out["new"]["round_s"] > 0
+    assert out["round_new_over_old"] == out["new"]["round_s"] / out["old"]["round_s"]

@@ -7,7 +7,8 @@ ratios (this machine is shared and noisy, so compare within one run):
   and all CPUs (a core sweep): a short mnist-5k run where fixed costs
   dominate, and (not with ``--quick``) the paper's Fashion-MNIST setting;
   wall times, their ratios, Ray's start-up and the client parallelism it
-  reached (see :mod:`simulation.bench.engine`).
+  reached (see :mod:`simulation.bench.engine`). With ``--against REV``: the
+  small run in-process only, REV and the working tree alternately.
 * ``throughput``: client iterations per second for GAS on Fashion-MNIST at
   the paper's settings (K=20, C=10, E=20, B=32, shard=2). With
   ``--against REV`` (e.g. ``HEAD``) it runs that git revision and the working
@@ -26,7 +27,8 @@ ratios (this machine is shared and noisy, so compare within one run):
   (see :mod:`simulation.bench.summary`).
 * ``ring``: one RingSFL round (LeNet-5, MNIST, 5 clients, 8:1:1:1:1) on the
   in-process and Ray engines against a one-process oracle doing the same
-  arithmetic on the same batches (see :mod:`simulation.bench.ring`).
+  arithmetic on the same batches (see :mod:`simulation.bench.ring`). With
+  ``--against REV``: one in-process round, REV and the working tree alternately.
 
 ``throughput`` and ``scale`` are in :mod:`simulation.bench.throughput` and
 :mod:`simulation.bench.scale`; :mod:`simulation.bench.runner` runs the named

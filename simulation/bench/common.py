@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,31 @@ def run_in_tree(src: Path, args: list[str], what: str) -> dict[str, Any]:
         raise RuntimeError(f"{what} of {src} failed: {tail}")
     lines = proc.stdout.strip().splitlines()
     return json.loads(lines[-1]) if lines else {}
+
+
+def side_by_side(against: str, tmp: Path, repeats: int,
+                 child: Callable[[Path, Path], dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Run ``child(src, out_dir)`` for git revision ``against`` ("old") and this checkout ("new"), alternately.
+
+    ``repeats`` runs per side, the order swapped every repeat (old, new, new,
+    old, ...) so that load drift on a shared machine hits both sides; each
+    call gets its own ``out_dir`` under ``tmp``. The revision's tree is
+    extracted once (:func:`source_tree`).
+
+    Returns:
+        ``{"old": [figures, ...], "new": [figures, ...]}`` in run order.
+
+    Raises:
+        ConfigError: ``against`` is not a commit of this checkout.
+        RuntimeError: as raised by ``child``.
+    """
+    old_src = source_tree(against, tmp / "src-old")
+    runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
+    for i in range(repeats):
+        order = (("old", old_src), ("new", REPO_ROOT))
+        for side, src in order if i % 2 == 0 else order[::-1]:
+            runs[side].append(child(src, tmp / f"{side}-{i}"))
+    return runs
 
 
 def current_rss_mb() -> float:

@@ -7,7 +7,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simulation.bench.common import SMALL_ENGINE_RUN, fmnist_dir, make_plan
+from simulation.bench.common import PLAN_PRELUDE, SMALL_ENGINE_RUN, fmnist_dir, make_plan, run_in_tree, side_by_side
+
+_ENGINE_CHILD = PLAN_PRELUDE + r"""
+import json, sys
+from simulation.engine import run_inprocess
+plan = _plan(**json.loads(sys.argv[1]))
+plan.task.profiles
+s = run_inprocess(plan, progress=False)
+print(json.dumps({"wall_s_run": s["wall_time_s"], "exchanges": s["exchanges"],
+                  "final_accuracy": s["final_accuracy"], "final_loss": s["final_loss"]}))
+"""
 
 
 def engine_cores() -> list[int]:
@@ -65,7 +75,36 @@ def engine_pair(tmp: Path, name: str, cfg: dict[str, Any], cores: list[int]) -> 
     return out
 
 
-def bench_engine(tmp: Path, quick: bool = False, data_dir: str | None = None) -> dict[str, Any]:
+def engine_against(tmp: Path, against: str, cfg: dict[str, Any], repeats: int = 3) -> dict[str, Any]:
+    """The in-process run ``cfg`` for git revision ``against`` (old) and this checkout (new), alternately.
+
+    Each run is a fresh interpreter (:func:`~simulation.bench.common.side_by_side`);
+    the figure per side is the fastest run's ``wall_s_run`` (seconds), and
+    ``exchanges_per_s_new_over_old`` their ratio in exchanges per second
+    (above 1: the new code is faster). ``same_results``: every run gave the
+    same accuracy, loss and exchange count.
+
+    Raises:
+        ConfigError: ``against`` is not a commit of this checkout.
+        RuntimeError: a run failed (its last error line).
+    """
+    import json
+
+    runs = side_by_side(against, tmp / "engine-against", repeats, lambda src, out: run_in_tree(
+        src, ["-c", _ENGINE_CHILD, json.dumps(dict(cfg, output_dir=str(out)))], "engine run"))
+    out: dict[str, Any] = {"against": against, "repeats": repeats}
+    for side, rs in runs.items():
+        best = min(r["wall_s_run"] for r in rs)
+        out[side] = {"wall_s_run": best, "exchanges_per_s": rs[0]["exchanges"] / best,
+                     "runs_s": [r["wall_s_run"] for r in rs]}
+    out["exchanges_per_s_new_over_old"] = out["new"]["exchanges_per_s"] / out["old"]["exchanges_per_s"]
+    out["same_results"] = len({(r["final_accuracy"], r["final_loss"], r["exchanges"])
+                               for rs in runs.values() for r in rs}) == 1
+    return out
+
+
+def bench_engine(tmp: Path, quick: bool = False, data_dir: str | None = None,
+                 against: str | None = None) -> dict[str, Any]:
     """The in-process and Ray engines side by side, Ray with 1, 2 and all CPUs (one client actor per CPU).
 
     * ``small``: a short GAS run on mnist-5k (4 clients, 2 concurrent, 1
@@ -82,9 +121,14 @@ def bench_engine(tmp: Path, quick: bool = False, data_dir: str | None = None) ->
     reached (``mean_parallel``, ``max_parallel``, see
     :func:`simulation.ray_engine.placement_table`) and each wall time over the
     in-process one, and whether accuracy and loss are identical.
+
+    With ``against`` (a git revision), only the small run, in-process, for
+    that revision and this checkout side by side (:func:`engine_against`).
     """
     cores = engine_cores()
     small = dict(SMALL_ENGINE_RUN, local_iterations=3) if quick else SMALL_ENGINE_RUN
+    if against is not None:
+        return engine_against(tmp, against, small)
     out: dict[str, Any] = {"cores": cores, "small": engine_pair(tmp, "engine-small", small, cores)}
     if not quick:
         realistic = dict(strategy="gas", dataset="fashion-mnist", data_dir=fmnist_dir(data_dir), num_clients=20,
@@ -93,3 +137,4 @@ def bench_engine(tmp: Path, quick: bool = False, data_dir: str | None = None) ->
         out["realistic"] = engine_pair(tmp, "engine-realistic", realistic, cores)
     out["ray_over_inprocess_wall"] = {f"{k}/{n}cpu": out[k][f"ray-{n}cpu"]["over_inprocess_run"]
                                       for k in ("small", "realistic") if k in out for n in cores}
+    return out

@@ -260,6 +260,47 @@ def same_weights(strategy: Any, blended: Sequence[dict[str, torch.Tensor]], aver
     return all(torch.allclose(a, b, atol=ATOL, rtol=RTOL) for a, b in pairs)
 
 
+#: Child-script code timing one ring round (:func:`time_engine`) in the tree it runs in (``bench/ring.py``
+#: since issue 22, ``bench_ring.py`` before); the configuration is argv[1] as JSON.
+_RING_CHILD = r"""
+import json, pathlib, sys, simulation
+if (pathlib.Path(simulation.__file__).parent / "bench" / "ring.py").exists():
+    from simulation.bench import ring
+else:  # a revision before issue 22
+    from simulation import bench_ring as ring
+seconds, strategy = ring.time_engine("inprocess", json.loads(sys.argv[1]))
+print(json.dumps({"seconds": seconds, "exchanges": strategy.dispatcher.exchanges,
+                  "train_loss": strategy.train_loss}))
+"""
+
+
+def ring_against(tmp: Path, against: str, steps: int, data_dir: str | Path, repeats: int = 3) -> dict[str, Any]:
+    """One in-process RingSFL v2 round of ``steps`` steps for git revision ``against`` (old) and this checkout
+    (new), alternately, each in a fresh interpreter (:func:`~simulation.bench.common.side_by_side`).
+
+    The figure per side is the fastest round (seconds); ``round_new_over_old``
+    their ratio (below 1: the new code is faster). ``same_results``: every
+    run gave the same training loss and exchange count.
+
+    Raises:
+        ConfigError: ``against`` is not a commit of this checkout.
+        RuntimeError: a run failed (its last error line).
+    """
+    import json
+
+    from simulation.bench.common import run_in_tree, side_by_side
+
+    runs = side_by_side(against, tmp / "ring-against", repeats, lambda src, out: run_in_tree(
+        src, ["-c", _RING_CHILD, json.dumps(ring_config(steps, data_dir, out))], "ring round"))
+    out: dict[str, Any] = {"against": against, "steps": steps, "repeats": repeats}
+    for side, rs in runs.items():
+        out[side] = {"round_s": min(r["seconds"] for r in rs), "runs_s": [r["seconds"] for r in rs]}
+    out["round_new_over_old"] = out["new"]["round_s"] / out["old"]["round_s"]
+    out["same_results"] = len({(json.dumps(r["train_loss"]), r["exchanges"])
+                               for rs in runs.values() for r in rs}) == 1
+    return out
+
+
 def run(tmp: Path, quick: bool = False, data_dir: str | Path | None = None, *, steps: int | None = None,
         ray_steps: int | None = None, repeats: int | None = None, ray: bool = True,
         baseline: bool = True) -> dict[str, Any]:

@@ -16,8 +16,10 @@ def run_benchmarks(names: list[str], quick: bool = False, data_dir: str | None =
                    against: str | None = None) -> dict[str, Any]:
     """Run the named benchmarks; print and return their figures.
 
-    ``against``: a git revision that ``throughput`` and ``summary`` also
-    run, side by side with the working tree (see :func:`simulation.bench.throughput.bench_throughput`).
+    ``against``: a git revision that ``engine`` (its small run, in-process),
+    ``throughput``, ``ring`` (one 60-step round, in-process; 20 with
+    ``quick``) and ``summary`` run side by side with the working tree, each
+    run in a fresh interpreter (:func:`simulation.bench.common.side_by_side`).
     """
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="sflower-bench-") as tmpdir:
@@ -27,7 +29,7 @@ def run_benchmarks(names: list[str], quick: bool = False, data_dir: str | None =
             if name == "engine":
                 from simulation.bench.engine import bench_engine
 
-                results[name] = bench_engine(tmp, quick, data_dir)
+                results[name] = bench_engine(tmp, quick, data_dir, against)
             elif name == "throughput":
                 from simulation.bench.throughput import bench_throughput
 
@@ -48,7 +50,10 @@ def run_benchmarks(names: list[str], quick: bool = False, data_dir: str | None =
                 from simulation.bench import ring
                 from simulation.bench.common import mnist_dir
 
-                results[name] = ring.run(tmp, quick, mnist_dir(data_dir))
+                if against is None:
+                    results[name] = ring.run(tmp, quick, mnist_dir(data_dir))
+                else:
+                    results[name] = ring.ring_against(tmp, against, 20 if quick else 60, mnist_dir(data_dir))
             elif name == "summary":
                 from simulation.bench import summary
 

@@ -6,11 +6,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simulation.bench.common import PLAN_PRELUDE, REPO_ROOT, fmnist_dir, make_plan, run_in_tree, source_tree
+from simulation.bench.common import PLAN_PRELUDE, fmnist_dir, make_plan, run_in_tree, side_by_side
 
 _THROUGHPUT_CHILD = PLAN_PRELUDE + r"""
 import json, sys, time
-import strategies.base as base
+import importlib.util
+# where the strategies evaluate: strategies.evaluation since issue 22, strategies.base before
+base = importlib.import_module("strategies.evaluation" if importlib.util.find_spec("strategies.evaluation")
+                               else "strategies.base")
 from simulation.engine import run_inprocess
 data_dir, out, iters, gi = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 spent = [0.0]
@@ -81,13 +84,9 @@ def bench_throughput(tmp: Path, quick: bool = False, data_dir: str | None = None
                 "server_updates_per_s": summary["server_updates"] / run_wall}
     import statistics
 
-    old_src = source_tree(against, tmp / "throughput-src-old")
-    new_src = REPO_ROOT
     e = 5 if quick else 20
-    runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
-    for i in range(repeats):
-        for side, src in (("old", old_src), ("new", new_src)) if i % 2 == 0 else (("new", new_src), ("old", old_src)):
-            runs[side].append(_throughput_child(src, fmnist_dir(data_dir), tmp / f"throughput-{side}-{i}", e, 1))
+    runs = side_by_side(against, tmp / "throughput", repeats,
+                        lambda src, out: _throughput_child(src, fmnist_dir(data_dir), out, e, 1))
     out: dict[str, Any] = {"against": against, "local_iterations": e, "repeats": repeats}
     for side in ("old", "new"):
         per = [r["s_per_global_iteration"] for r in runs[side]]
