@@ -13,6 +13,7 @@ concern:
 :mod:`fl_app.client.split_handlers`    ``train.forward``, ``train.backward``, ``train.step``
 :mod:`fl_app.client.zo_handlers`       ``train.zo_forward``, ``train.zo_update`` (MU-SplitFed)
 :mod:`fl_app.client.fl_handlers`       ``train.fit`` (FL baselines) and ``evaluate``
+:mod:`fl_app.session.client`           ``query.session``: a session's requests, through this app
 =====================================  ==========================================================
 """
 
@@ -26,6 +27,7 @@ from fl_app.client.fl_handlers import evaluate, train_fit
 from fl_app.client.node import query_info
 from fl_app.client.split_handlers import train_backward, train_forward, train_step
 from fl_app.client.zo_handlers import train_zo_forward, train_zo_update
+from fl_app.session.client import serve_session
 
 
 def one_torch_thread(msg: Message, context: Context, call_next) -> Message:
@@ -51,3 +53,9 @@ app.train("zo_forward")(train_zo_forward)
 app.train("zo_update")(train_zo_update)
 app.train("fit")(train_fit)
 app.evaluate()(evaluate)
+
+
+@app.query("session")
+def session(msg: Message, context: Context) -> Message:
+    """``query.session``: serve every request of a session through this app (:mod:`fl_app.session.client`)."""
+    return serve_session(msg, context, app)

@@ -110,6 +110,14 @@ DEFAULTS: dict[str, Any] = {
     "node-timeout": 600.0,
     "min-clients": 0,
     "join-timeout": 0.0,
+    # the transport of a deployment's requests (docs/design.md §4, "The session transport")
+    "transport": "auto",  # auto, flower, session
+    "session-address": "localhost:9099",
+    "session-certificate": "",
+    "session-key": "",
+    "session-ca": "",
+    "session-tls": True,
+    "session-timeout": 60.0,
     "checkpoint-every": 0,
     "output-dir": "",
     # what a run leaves besides its metrics
@@ -128,7 +136,8 @@ CORE_KEYS: tuple[str, ...] = (
     "downlink", "straggler-rate", "global-iterations", "local-iterations", "local-epochs", "batch-size", "lr", "client-lr", "server-lr-split", "optimizer", "init", "device", "momentum",
     "weight-decay", "clip-norm", "preset", "seed", "init-seed", "eval-every", "eval-samples", "target-accuracy",
     "max-virtual-time", "clock", "node-timeout", "min-clients", "join-timeout", "checkpoint-every", "output-dir",
-    "tracker", "save-best",
+    "tracker", "save-best", "transport", "session-address", "session-certificate", "session-key", "session-ca",
+    "session-tls", "session-timeout",
 )
 
 
@@ -293,6 +302,10 @@ class RunConfig:
             raise ConfigError(f"min-clients must be in 0..num-clients ({self.num_clients}), got {self.min_clients}")
         if not self.join_timeout >= 0:
             raise ConfigError(f"join-timeout must be >= 0, got {self.join_timeout}")
+        if self.transport not in ("auto", "flower", "session"):
+            raise ConfigError(f"transport must be 'auto', 'flower' or 'session', got '{self.transport}'")
+        if not self.session_timeout > 0:
+            raise ConfigError(f"session-timeout must be > 0, got {self.session_timeout}")
         if self.clock not in ("virtual", "wall"):
             raise ConfigError(f"clock must be 'virtual' or 'wall', got '{self.clock}'")
         if self.aggregation not in ("data-size", "uniform"):

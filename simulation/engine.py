@@ -27,6 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from simulation.messages import reply_message
 from simulation.server_app import RunPlan, run_server
 
 ENGINES = ("inprocess", "ray")
@@ -103,7 +104,7 @@ class InProcessGrid(Grid):
             try:
                 reply = self.client_app(msg, ctx)
             except Exception as exc:  # noqa: BLE001 - becomes the node's error reply
-                reply = Message(Error(code=1, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
+                reply = reply_message(msg, msg_id, Error(code=1, reason=f"{type(exc).__name__}: {exc}"))
             self.client_seconds += time.perf_counter() - t0
             reply.metadata.__dict__["_reply_to_message_id"] = msg_id
             self._replies[msg_id] = reply

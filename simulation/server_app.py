@@ -24,6 +24,7 @@ from fl_app.errors import ConfigError
 from fl_app.outputs import RunRecorder, default_output_dir
 from fl_app.saved_model import ModelSaver
 from fl_app.task import Task, check_batch_size, load_task, write_partition_plot
+from simulation.session import check_transport, choose_transport, open_session_grid
 from simulation.timing.clocks import VirtualClock, WallClock
 from simulation.timing.devices import draw_profiles
 from simulation.timing.durations import DeviceTiming, ZeroTiming
@@ -78,6 +79,7 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     task = load_task(cfg)
     check_batch_size(task, cfg.batch_size)
     strategy_cls.check_config(cfg, task)
+    check_transport(cfg)
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output-dir '{out}' exists and is not a directory")
@@ -112,6 +114,7 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
             for b in plan.task.profiles
         ],
         "partition_sizes": [len(p) for p in plan.task.partitions],
+        "transport": choose_transport(cfg, grid),
     }
     resume = plan.resume_from is not None
     saver = ModelSaver(plan.out_dir, ModelSaver.describe(cfg, plan.task), save_best=cfg.save_best)
@@ -124,7 +127,14 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     if cfg.checkpoint_every:
         strategy.checkpoint_path = plan.out_dir / CHECKPOINT_FILE
     strategy.resume_from = plan.resume_from
-    strategy.start(grid)
+    if extra["transport"] == "session":  # docs/design.md §4, "The session transport"
+        grid = open_session_grid(grid, cfg)
+        try:
+            strategy.start(grid)
+        finally:
+            grid.close()
+    else:
+        strategy.start(grid)
     return strategy.summary_dict()
 
 
