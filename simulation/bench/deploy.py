@@ -1,23 +1,28 @@
-"""Exchange latency in deployment (issue 12, P6): one split exchange against a bare echo ClientApp.
+"""Exchange latency in deployment (issues 12 and 23): the session transport against Flower's messages.
 
-``sflower deploy bench [fast=false|true|both] [exchanges=E] [tls=true] [auth=true] [run-dir=DIR]``
+``sflower deploy bench [exchanges=E] [tls=true] [auth=true] [fast=false] [batch-size=B] [run-dir=DIR]``
 
-For each setting it starts a loopback deployment (:mod:`simulation.deploy`)
-with one SuperNode and measures, on the wall clock:
+It starts loopback deployments (:mod:`simulation.deploy`) with one
+SuperNode and measures, on the wall clock, three routes with the same
+payload (a float32 array of the cut layer's activation size, ``B`` x 64x7x7
+for AlexNet on MNIST: 401 kB at B=32):
 
-* **echo**: a bare Flower app (written to ``RUN_DIR/echo-app``) whose
-  ServerApp sends the payload of one split exchange (a float32 array of the
-  cut layer's activation size, ``batch-size`` x 64x7x7 for AlexNet on MNIST)
-  and whose ClientApp returns it unchanged; ``E`` sequential round trips,
-  timed from ``push_messages`` to the reply's ``pull_messages``;
-* **split**: ``splitfed-v1`` with one client, ``concurrency=1``,
-  ``local-iterations`` chosen so the run makes about ``E`` exchanges; the
-  per-exchange latency is ``(wall_time_s of the final row - of the first row)
-  / exchanges`` from ``metrics.csv`` (it includes the client's compute and
-  the final evaluation, so it slightly overstates the exchange).
+* **session echo**: a bare app (written to ``RUN_DIR/echo-app``) whose
+  ServerApp sends the payload over a session (:mod:`simulation.session`,
+  TLS with the deployment's CA) and whose ClientApp returns it unchanged;
+  ``E`` sequential round trips, each timed from ``push_messages`` to the
+  reply's ``pull_messages``, after one untimed round trip that opens the
+  session (reported as ``session_open_s``);
+* **Flower echo**: the same app and payload through Flower messages;
+* **session split**: ``splitfed-v1`` with one client (``concurrency=1``)
+  over a session, 2 global iterations of about ``E/2`` local iterations;
+  the per-exchange latency is the second global iteration's wall time over
+  its exchanges (the session is open by then; it includes the client's
+  compute and one evaluation, so it overstates the exchange).
 
-P6 = split exchange / echo exchange. Results go to ``RUN_DIR/bench.json`` and
-are printed as a table.
+``fast=true`` runs the deployments with the SuperNode's polling shortened
+(:mod:`simulation.deploy.supernode`). Results go to ``RUN_DIR/bench.json``
+and are printed as a table.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from simulation.deploy.options import coerce_opt, fresh_run_dir, parse_deploy_ar
 from simulation.deploy.processes import DeployError, wait_for
 from simulation.deploy.run import deploy
 
-BENCH_DEFAULTS: dict[str, Any] = {"fast": "both", "exchanges": 10, "tls": "true", "auth": "true", "run-dir": "",
+BENCH_DEFAULTS: dict[str, Any] = {"fast": "false", "exchanges": 10, "tls": "true", "auth": "true", "run-dir": "",
                                   "batch-size": 32}
 
 ECHO_PYPROJECT = """[build-system]
@@ -64,6 +69,11 @@ clientapp = "sflower_echo:client"
 rounds = 10
 floats = 100352
 out = ""
+transport = "flower"
+session-certificate = ""
+session-key = ""
+session-ca = ""
+session-tls = true
 """
 
 ECHO_APP = '''"""Echo app: the ServerApp times round trips of a float32 payload that the ClientApp returns unchanged."""
@@ -76,6 +86,10 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fl_app.config import RunConfig
+from fl_app.session.client import serve_session
+from simulation.session import open_session_grid
+
 server = ServerApp()
 client = ClientApp()
 
@@ -83,6 +97,27 @@ client = ClientApp()
 @client.query()
 def echo(msg: Message, context: Context) -> Message:
     return Message(msg.content, reply_to=msg)
+
+
+@client.query("session")
+def session(msg: Message, context: Context) -> Message:
+    return serve_session(msg, context, client)
+
+
+def round_trip(grid, node, payload):
+    content = RecordDict({"x": ArrayRecord({"x": Array(payload)})})
+    t0 = time.perf_counter()
+    ids = list(grid.push_messages([Message(content, node, "query")]))
+    replies = []
+    while not replies:
+        replies = list(grid.pull_messages(ids))
+        if not replies:
+            time.sleep(0.001)
+    seconds = time.perf_counter() - t0
+    reply = replies[0]
+    assert not reply.has_error(), reply.error.reason
+    assert np.array_equal(reply.content["x"]["x"].numpy(), payload)
+    return seconds
 
 
 @server.main()
@@ -93,29 +128,28 @@ def main(grid: Grid, context: Context) -> None:
         time.sleep(0.05)
     node = list(grid.get_node_ids())[0]
     payload = np.random.default_rng(0).standard_normal(floats).astype(np.float32)
-    seconds = []
-    for _ in range(rounds):
-        content = RecordDict({"x": ArrayRecord({"x": Array(payload)})})
-        t0 = time.perf_counter()
-        ids = list(grid.push_messages([Message(content, node, "query")]))
-        replies = []
-        while not replies:
-            replies = list(grid.pull_messages(ids))
-            if not replies:
-                time.sleep(0.01)
-        seconds.append(time.perf_counter() - t0)
-        reply = replies[0]
-        assert not reply.has_error(), reply.error.reason
-        back = reply.content["x"]["x"].numpy()
-        assert np.array_equal(back, payload)
+    opened = 0.0
+    if cfg["transport"] == "session":
+        keys = ("session-certificate", "session-key", "session-ca", "session-tls")
+        grid = open_session_grid(grid, RunConfig.from_mapping({"session-address": "localhost:0", "num-clients": 1, "concurrency": 1,
+                                                               **{k: cfg[k] for k in keys}}))
+        opened = round_trip(grid, node, payload)
+    try:
+        seconds = [round_trip(grid, node, payload) for _ in range(rounds)]
+    finally:
+        if cfg["transport"] == "session":
+            grid.close()
     with open(out, "w") as fh:
-        json.dump({"seconds": seconds, "floats": floats}, fh)
+        json.dump({"seconds": seconds, "floats": floats, "session_open_s": opened}, fh)
 '''
 
 
 def echo_exchange(run_dir: Path, *, exchanges: int, floats: int, tls: bool, auth: bool, fast: bool,
-                  timeout: float = 900.0) -> list[float]:
-    """Seconds of each echo round trip through a loopback SuperLink and one SuperNode.
+                  transport: str, timeout: float = 900.0) -> dict[str, Any]:
+    """Echo round trips through a loopback SuperLink and one SuperNode, by ``transport`` (``flower`` or ``session``).
+
+    Returns:
+        ``{"seconds": [s per round trip], "session_open_s": s}`` (0 for ``flower``).
 
     Raises:
         DeployError: a process failed or the echo run did not write its result in ``timeout`` s.
@@ -129,15 +163,24 @@ def echo_exchange(run_dir: Path, *, exchanges: int, floats: int, tls: bool, auth
         dep.start_superlink()
         spec = dep.add_node(0, run_dir)
         dep.start_node(spec, 1)
-        runner = dep.run_app({"rounds": exchanges, "floats": floats, "out": str(out)}, app_dir=app)
+        config: dict[str, Any] = {"rounds": exchanges, "floats": floats, "out": str(out), "transport": transport,
+                                  "session-tls": tls}
+        if tls:
+            config.update({"session-certificate": str(dep.certs["cert"]), "session-key": str(dep.certs["key"]),
+                           "session-ca": str(dep.certs["ca"])})
+        runner = dep.run_app(config, app_dir=app)
         wait_for(lambda: out.exists() or not runner.alive(), timeout, "the echo run", alive=[dep.superlink])
         wait_for(out.exists, 10.0, f"echo.json (see {runner.log_path})")
-    return [float(s) for s in json.loads(out.read_text())["seconds"]]
+    result = json.loads(out.read_text())
+    return {"seconds": [float(x) for x in result["seconds"]], "session_open_s": float(result["session_open_s"])}
 
 
 def split_exchange(run_dir: Path, *, exchanges: int, batch_size: int, tls: bool, auth: bool,
                    fast: bool) -> tuple[float, int, dict[str, Any]]:
-    """Mean wall seconds per split exchange (splitfed-v1, one SuperNode); returns (seconds, exchanges, summary).
+    """Wall seconds per split exchange over a session (splitfed-v1, one SuperNode, the second global iteration).
+
+    Returns:
+        ``(seconds per exchange, exchanges timed, summary)``.
 
     Raises:
         ConfigError: bad options; DeployError: the deployment failed (see :func:`simulation.deploy.run.deploy`).
@@ -146,18 +189,24 @@ def split_exchange(run_dir: Path, *, exchanges: int, batch_size: int, tls: bool,
     options = parse_deploy_args({
         "nodes": "1", "tls": str(tls), "auth": str(auth), "fast": str(fast), "run-dir": str(run_dir),
         "strategy": "splitfed-v1", "num-clients": "1", "concurrency": "1", "partition": "iid",
-        "global-iterations": "1", "local-iterations": str(local), "batch-size": str(batch_size),
+        "global-iterations": "2", "local-iterations": str(local), "batch-size": str(batch_size),
+        "transport": "session", "eval-samples": "200",
     })
     summary = deploy(options, quiet=True)
     with open(run_dir / "out" / "metrics.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
-    n = int(rows[-1]["exchanges"])
-    seconds = (float(rows[-1]["wall_time_s"]) - float(rows[0]["wall_time_s"])) / max(n, 1)
+    n = int(rows[-1]["exchanges"]) - int(rows[-2]["exchanges"])
+    seconds = (float(rows[-1]["wall_time_s"]) - float(rows[-2]["wall_time_s"])) / max(n, 1)
     return seconds, n, summary
 
 
+def _stats(seconds: list[float]) -> dict[str, float]:
+    return {"mean_s": statistics.fmean(seconds), "median_s": statistics.median(seconds), "min_s": min(seconds),
+            "max_s": max(seconds)}
+
+
 def run_bench(pairs: Mapping[str, str]) -> dict[str, Any]:
-    """``sflower deploy bench``: echo and split exchange latency, P6, for each setting; print and save.
+    """``sflower deploy bench``: the three routes of the module docstring; print and save.
 
     Raises:
         ConfigError: an unknown key or a bad value.
@@ -168,34 +217,34 @@ def run_bench(pairs: Mapping[str, str]) -> dict[str, Any]:
         if key not in BENCH_DEFAULTS:
             raise ConfigError(f"deploy bench takes {', '.join(BENCH_DEFAULTS)}, not '{key}'")
         opts[key] = value
-    fast_values = {"both": [False, True], "true": [True], "false": [False]}.get(str(opts["fast"]).lower())
-    if fast_values is None:
-        raise ConfigError(f"fast must be true, false or both, got '{opts['fast']}'")
     try:
         exchanges, batch = int(opts["exchanges"]), int(opts["batch-size"])
     except ValueError:
         raise ConfigError("exchanges and batch-size must be integers") from None
     if exchanges < 2 or batch < 1:
         raise ConfigError("exchanges must be >= 2 and batch-size >= 1")
-    tls, auth = coerce_opt("tls", opts["tls"]), coerce_opt("auth", opts["auth"])
+    tls, auth, fast = coerce_opt("tls", opts["tls"]), coerce_opt("auth", opts["auth"]), coerce_opt("fast", opts["fast"])
     root = fresh_run_dir(opts["run-dir"], f"runs/deploy-bench-{time.strftime('%Y%m%d-%H%M%S')}")
     floats = batch * 64 * 7 * 7  # AlexNet (MNIST) activation at the default cut
     results: dict[str, Any] = {"exchanges": exchanges, "batch_size": batch, "payload_bytes": floats * 4,
-                               "tls": tls, "auth": auth, "settings": {}}
-    for fast in fast_values:
-        name = "fast" if fast else "default"
-        echo = echo_exchange(root / f"echo-{name}", exchanges=exchanges, floats=floats, tls=tls, auth=auth, fast=fast)
-        split, n, _ = split_exchange(root / f"split-{name}", exchanges=exchanges, batch_size=batch, tls=tls,
-                                     auth=auth, fast=fast)
-        echo_mean = statistics.fmean(echo)
-        results["settings"][name] = {
-            "echo_s_mean": echo_mean, "echo_s_median": statistics.median(echo), "echo_s_min": min(echo),
-            "echo_s_max": max(echo), "split_s_per_exchange": split, "split_exchanges": n,
-            "p6": split / echo_mean,
-        }
-        print(f"{name:8s} echo {echo_mean:6.2f} s/exchange (median {statistics.median(echo):.2f}, "
-              f"min {min(echo):.2f}, max {max(echo):.2f}); split {split:6.2f} s/exchange over {n}; "
-              f"P6 = {split / echo_mean:.2f}", flush=True)
+                               "tls": tls, "auth": auth, "fast": fast, "routes": {}}
+    for transport in ("session", "flower"):
+        echo = echo_exchange(root / f"echo-{transport}", exchanges=exchanges, floats=floats, tls=tls, auth=auth,
+                             fast=fast, transport=transport)
+        entry = _stats(echo["seconds"])
+        if transport == "session":
+            entry["session_open_s"] = echo["session_open_s"]
+        results["routes"][f"{transport} echo"] = entry
+    split, n, _ = split_exchange(root / "split-session", exchanges=exchanges, batch_size=batch, tls=tls, auth=auth,
+                                 fast=fast)
+    results["routes"]["session split"] = {"mean_s": split, "exchanges": n}
+    print(f"payload {floats * 4 / 1e3:.0f} kB, tls={tls}, auth={auth}, fast={fast}")
+    print(f"{'route':<15} {'mean ms':>9} {'median ms':>10} {'min ms':>8} {'max ms':>8}")
+    for name, r in results["routes"].items():
+        cells = [f"{1e3 * r[k]:>{w}.1f}" if k in r else f"{'-':>{w}}"
+                 for k, w in (("mean_s", 9), ("median_s", 10), ("min_s", 8), ("max_s", 8))]
+        print(f"{name:<15} {' '.join(cells)}")
+    print(f"session opening (one Flower message, untimed above): {results['routes']['session echo']['session_open_s']:.2f} s")
     root.mkdir(parents=True, exist_ok=True)
     (root / "bench.json").write_text(json.dumps(results, indent=2))
     print(f"written: {root / 'bench.json'}")

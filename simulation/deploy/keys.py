@@ -43,6 +43,11 @@ def make_certificates(cert_dir: Path, log_file: Path) -> dict[str, Path]:
     (cert_dir / "server.ext").write_text(SERVER_EXT)
     for command in OPENSSL_COMMANDS:
         run_logged(command.format(d=cert_dir), log_file, "openssl")
+    return certificate_paths(cert_dir)
+
+
+def certificate_paths(cert_dir: Path) -> dict[str, Path]:
+    """Where :func:`make_certificates` writes: ``{"ca": ca.crt, "cert": server.pem, "key": server.key}``."""
     return {"ca": cert_dir / "ca.crt", "cert": cert_dir / "server.pem", "key": cert_dir / "server.key"}
 
 

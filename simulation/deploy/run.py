@@ -16,15 +16,32 @@ from typing import Any
 
 from fl_app.config import RunConfig
 from simulation.deploy.cluster import Deployment
+from simulation.deploy.keys import certificate_paths
 from simulation.deploy.options import DeployOptions, fresh_run_dir
 from simulation.deploy.processes import DeployError, terminate_on_sigterm, wait_for
 
 
-def run_config_for(cfg: RunConfig, given: Mapping[str, Any], out_dir: Path) -> dict[str, Any]:
-    """The ``--run-config`` table: the keys given (typed as in ``cfg``), plus ``output-dir``."""
+def run_config_for(cfg: RunConfig, given: Mapping[str, Any], out_dir: Path,
+                   certs: Mapping[str, Path] | None = None) -> dict[str, Any]:
+    """The ``--run-config`` table: the keys given (typed as in ``cfg``), plus ``output-dir``.
+
+    Unless given, it also sets up the session transport (docs/design.md §4):
+    ``session-address=localhost:0`` (a free loopback port) and, with TLS
+    (``certs``: the deployment's ``ca``, ``cert`` and ``key``), the
+    endpoint's certificate, key and CA (the SuperLink's own, made for
+    localhost); without TLS, ``session-tls=false``.
+    """
     values = cfg.as_dict()
     table = {k: values[k] for k in given}
     table["output-dir"] = str(out_dir)
+    session: dict[str, Any] = {"session-address": "localhost:0"}
+    if certs:
+        session.update({"session-certificate": str(certs["cert"]), "session-key": str(certs["key"]),
+                        "session-ca": str(certs["ca"])})
+    else:
+        session["session-tls"] = False
+    for key, value in session.items():
+        table.setdefault(key, value)
     return table
 
 
@@ -51,10 +68,12 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
     from fl_app.task import write_partition_dirs
 
     o, cfg = options.opts, options.cfg
-    plan_run(cfg)  # one-line errors before anything starts
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = fresh_run_dir(o["run-dir"], f"runs/deploy-{cfg.strategy}-{stamp}")
     out_dir = run_dir / "out"
+    run_config = run_config_for(cfg, options.run_pairs, out_dir,
+                                certificate_paths(run_dir / "certs") if o["tls"] else None)
+    plan_run(RunConfig.from_mapping(run_config))  # one-line errors before anything starts
     say = (lambda *a: None) if quiet else (lambda msg: print(f"[deploy] {msg}", flush=True))
     nodes, intruders = o["nodes"], o["intruders"]
     t_start = time.monotonic()
@@ -69,7 +88,7 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
             dep.start_node(spec, cfg.num_clients)
         say(f"{nodes} SuperNodes started" + (f", {intruders} with unregistered keys" if intruders else ""))
         t_run = time.monotonic()
-        runner = dep.run_app(run_config_for(cfg, options.run_pairs, out_dir))
+        runner = dep.run_app(run_config)
         summary_path = out_dir / "summary.json"
         killed_at = restarted_at = None
         deadline = t_run + o["timeout"]

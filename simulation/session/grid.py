@@ -38,7 +38,7 @@ from flwr.serverapp import Grid
 
 from fl_app.session.client import OPEN_ACTION, SESSION
 from simulation.messages import reply_message
-from simulation.session.endpoint import CLOSED, FAILED, Session, SessionEndpoint
+from simulation.session.endpoint import CLOSED, FAILED, OPENING, Session, SessionEndpoint
 
 log = logging.getLogger("sflower")
 
@@ -160,17 +160,24 @@ class SessionGrid(Grid):
         self.sessions[node_id] = session
         return session
 
-    def _watch(self) -> None:
-        """Fail sessions whose node did not connect in time or whose opening message came back with an error."""
+    def _watch(self, every: bool = False) -> None:
+        """Fail sessions whose node did not connect in time or whose opening message came back early.
+
+        Only the opening messages of sessions still waiting for their node
+        are pulled from Flower (each pull is a call to the SuperLink, about
+        0.1 s): an open session's failures show on its stream. ``every``
+        (when closing): pull them all.
+        """
         now = time.monotonic()
         if now - self._last_watch < WATCH_INTERVAL:
             return
         self._last_watch = now
         for session in self.sessions.values():
-            if session.state == "opening" and now - session.created > self.connect_timeout:
+            if session.state == OPENING and now - session.created > self.connect_timeout:
                 session.fail(f"the node did not connect within session-timeout={self.connect_timeout:g} s")
-        if self._opening:
-            for reply in self.grid.pull_messages(list(self._opening)):
+        waiting = [oid for oid, s in self._opening.items() if every or s.state == OPENING]
+        if waiting:
+            for reply in self.grid.pull_messages(waiting):
                 session = self._opening.pop(reply.metadata.reply_to_message_id)
                 if reply.has_error():
                     session.fail(f"the node's session handler failed: {reply.error.reason}")
@@ -187,6 +194,6 @@ class SessionGrid(Grid):
             session.wait_ended(max(0.0, end - time.monotonic()))
         while self._opening and time.monotonic() < end:
             self._last_watch = 0.0
-            self._watch()
+            self._watch(every=True)
             time.sleep(0.05)
         self.endpoint.stop()
