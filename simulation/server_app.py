@@ -86,6 +86,18 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     return RunPlan(cfg, task, strategy_cls, profiles, out)
 
 
+#: Run-config keys that name files of the ServerApp's machine holding TLS material: ``config.json`` says
+#: only whether they were given.
+TLS_FILE_KEYS = ("session-certificate", "session-key", "session-ca")
+
+
+def recorded_config(cfg: RunConfig) -> dict[str, Any]:
+    """The configuration ``config.json`` records: every key, but only ``"<given>"`` for :data:`TLS_FILE_KEYS`
+    (no key, certificate or path of the deployment's in the outputs)."""
+    values = cfg.as_dict()
+    return {**values, **{k: "<given>" for k in TLS_FILE_KEYS if values.get(k)}}
+
+
 def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str, Any]:
     """Run the planned strategy on ``grid``; write the outputs; return the summary.
 
@@ -118,7 +130,7 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     }
     resume = plan.resume_from is not None
     saver = ModelSaver(plan.out_dir, ModelSaver.describe(cfg, plan.task), save_best=cfg.save_best)
-    recorder = RunRecorder(plan.out_dir, cfg.as_dict(), extra, resume=resume)
+    recorder = RunRecorder(plan.out_dir, recorded_config(cfg), extra, resume=resume)
     if not (resume and (plan.out_dir / "partition.png").exists()):
         write_partition_plot(plan.task, plan.out_dir / "partition.png")
     recorder.listeners = [saver, *open_trackers(cfg.tracker, plan.out_dir, cfg.as_dict(), plan.tracking, resume)]

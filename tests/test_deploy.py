@@ -164,3 +164,33 @@ def test_no_readmission_on_the_virtual_clock(monkeypatch: pytest.MonkeyPatch, tm
     assert summary["status"] == "completed" and summary["failed_clients"] == [1, 2]
     assert "re-admitted" not in summary["failure_reasons"]["1"]
     assert handshakes == {0: 1, 1: 1, 2: 1}
+
+
+def test_fast_refuses_a_flower_it_cannot_patch(tmp_path: Path) -> None:
+    """``fast=true`` checks Flower's SuperNode module first: today's passes; one that no longer sleeps through
+    a module-level ``time`` (another release) is refused in one line instead of silently running slow."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    import flwr.supernode.start_client_internal as sci
+
+    from simulation.deploy.supernode import UnpatchableFlower, check_patchable
+
+    check_patchable(sci)
+    for i, source in enumerate(("import time\ndef loop():\n    pass\n",                  # no time.sleep(
+                                "from time import sleep\ndef loop():\n    sleep(3)\n")):  # no module-level time
+        path = tmp_path / f"changed_{i}.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        with pytest.raises(UnpatchableFlower, match="no longer sleeps"):
+            check_patchable(module)
+    # the launcher turns the refusal into one line on stderr and exit code 2
+    code = ("import simulation.deploy.supernode as s, runpy, sys\n"
+            "def refuse(_): raise s.UnpatchableFlower('fast=true: no longer sleeps')\n"
+            "s.supernode_main = refuse\nsys.argv = ['x', 'supernode']\n"
+            "runpy.run_module('simulation.deploy', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip() == "sflower: fast=true: no longer sleeps", proc.stderr

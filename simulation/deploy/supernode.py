@@ -9,9 +9,34 @@ from __future__ import annotations
 import os
 import sys
 import time
+import types
 from collections.abc import Sequence
 
 from simulation.deploy.cluster import FAST_POLL_S
+
+
+class UnpatchableFlower(RuntimeError):
+    """Flower's SuperNode module no longer looks as ``fast=true`` expects."""
+
+
+def check_patchable(module: types.ModuleType) -> None:
+    """Check that ``module`` (``flwr.supernode.start_client_internal``) sleeps through its global ``time``.
+
+    Raises:
+        UnpatchableFlower: it has no module-level ``time`` that is the ``time``
+            module, or its source calls no ``time.sleep(``: capping would do
+            nothing (another Flower release), so ``fast=true`` refuses to start
+            the SuperNode rather than run slow without saying so.
+    """
+    import inspect
+
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        source = ""
+    if getattr(module, "time", None) is not time or "time.sleep(" not in source:
+        raise UnpatchableFlower(f"fast=true: {module.__name__} no longer sleeps through its module-level `time` "
+                                "(another Flower release?); run without fast=true")
 
 
 def supernode_main(argv: Sequence[str]) -> None:
@@ -25,11 +50,13 @@ def supernode_main(argv: Sequence[str]) -> None:
     ``sleep`` is capped, then runs the SuperNode unchanged. Nothing else in
     Flower is touched. The cap is ``SFLOWER_SUPERNODE_POLL_S`` (default
     :data:`FAST_POLL_S`).
-    """
-    import types
 
+    Raises:
+        UnpatchableFlower: see :func:`check_patchable` (the SuperNode does not start).
+    """
     import flwr.supernode.start_client_internal as sci
 
+    check_patchable(sci)
     cap = float(os.environ.get("SFLOWER_SUPERNODE_POLL_S", FAST_POLL_S))
     real_sleep = time.sleep
     shim = types.ModuleType("time")

@@ -192,6 +192,8 @@ class SessionGrid(Grid):
         end = time.monotonic() + timeout
         for session in self.sessions.values():
             session.wait_ended(max(0.0, end - time.monotonic()))
+        # a failed session's node may be gone (killed): its opening message may never be answered
+        self._opening = {oid: s for oid, s in self._opening.items() if s.state == CLOSED}
         while self._opening and time.monotonic() < end:
             self._last_watch = 0.0
             self._watch(every=True)
