@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
+from fl_app.client_app import app as real_app
 from fl_app.errors import ConfigError
 from fl_app.session.client import CHANNEL_OPTIONS, METHOD, OPEN_ACTION, SESSION, serve_session
 from fl_app.session.wire import FrameError, decode_frame, encode_frame
@@ -105,10 +106,11 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return make_certificates(d, d / "openssl.log")
 
 
-def tls_keys(certs: dict[str, Path]) -> dict[str, str]:
-    """The run-config keys that name ``certs``."""
-    return {"session-certificate": str(certs["cert"]), "session-key": str(certs["key"]),
-            "session-ca": str(certs["ca"])}
+def session_cfg(strategy: str, clock: str, out: Path, certs: dict[str, Path]):
+    """:data:`RUN` of ``strategy`` over TLS sessions on ``localhost:0`` (a node has 20 s to connect)."""
+    return make_cfg(strategy=strategy, clock=clock, output_dir=str(out), transport="session",
+                    session_address="localhost:0", session_timeout=20.0, session_certificate=str(certs["cert"]),
+                    session_key=str(certs["key"]), session_ca=str(certs["ca"]), **RUN)
 
 
 def request(node_id: int, value: int, action: str = "train.forward") -> Message:
@@ -208,18 +210,18 @@ def raw_frame(header: object, blobs: bytes = b"") -> bytes:
     return len(text).to_bytes(4, "big") + text + blobs
 
 
-def _frame_with_blobs() -> bytes:
+def frame_with_blobs() -> bytes:
     return encode_frame({"kind": "reply"}, RecordDict({"c": ConfigRecord({"b": b"abcd"})}))
 
 
 @pytest.mark.parametrize("frame, fragment", [
     (b"\x00\x00\x01", "shorter than its length prefix"),
-    (_frame_with_blobs()[:10], "not JSON"),  # the header cut short
+    (frame_with_blobs()[:10], "not JSON"),  # the header cut short
     (b"\x00\x00\x00\x03abc", "not JSON"),
     (b"\x00\x00\x00\x02\xff\xfe", "not JSON"),  # not UTF-8
     (raw_frame([1, 2]), "not a JSON object"),
-    (_frame_with_blobs()[:-1], "past the end"),
-    (_frame_with_blobs() + b"x", "1 trailing bytes"),
+    (frame_with_blobs()[:-1], "past the end"),
+    (frame_with_blobs() + b"x", "1 trailing bytes"),
     (raw_frame({"records": [{"name": "r", "kind": "config", "items": [["b", {"$blob": -1}]]}]}), "past the end"),
     (raw_frame({"records": [{"name": "r", "kind": "pickle", "items": []}]}), "unknown record kind"),
     (raw_frame({"records": [{"kind": "config", "items": []}]}), "malformed"),
@@ -278,6 +280,10 @@ class HandNodes:
         self._release.set()
 
 
+#: Seconds a hand-made client's call may last.
+CALL_DEADLINE = 10.0
+
+
 class HandClient:
     """A node written by hand with grpcio: it says hello with ``secret`` (default: the right one),
     then the test reads and writes the stream's frames."""
@@ -291,7 +297,8 @@ class HandClient:
         self.outbox: queue.Queue[bytes | None] = queue.Queue()
         self.send_raw(encode_frame({"kind": "hello", "session": session or str(cfg["session"]),
                                     "secret": str(cfg["secret"]) if secret is None else secret}))
-        self.call = self.channel.stream_stream(METHOD)(iter(self.outbox.get, None))
+        # a deadline, so that a test whose endpoint never answers fails instead of hanging
+        self.call = self.channel.stream_stream(METHOD)(iter(self.outbox.get, None), timeout=CALL_DEADLINE)
 
     def receive(self) -> tuple[dict, RecordDict | None]:
         """The next frame from the endpoint."""
@@ -302,6 +309,7 @@ class HandClient:
         self.outbox.put(frame)
 
     def close(self) -> None:
+        """End the stream and close the channel."""
         self.outbox.put(None)
         self.channel.close()
 
@@ -396,17 +404,57 @@ def test_node_that_never_connects_fails_after_connect_timeout(rig):
     assert reply.has_error() and "did not connect" in reply.error.reason
 
 
-def test_broken_stream_fails_the_pending_request(rig):
-    """A node that receives its request and drops the connection without a reply: an error reply naming the stream."""
-    nodes = HandNodes()
-    r = rig(nodes)
+def drop_after_request(r: Rig, nodes: HandNodes) -> str:
+    """Push a request to the first node, whose hand client connects, receives it and drops the connection
+    without a reply; the request's id."""
     (rid,) = r.grid.push_messages([request(r.nodes[0], 1)])
     node = HandClient(nodes.next_opening())
     assert node.receive()[0]["id"] == rid
     node.call.cancel()
     node.channel.close()
+    return rid
+
+
+def test_broken_stream_fails_the_pending_request(rig):
+    """A node that receives its request and drops the connection without a reply: an error reply naming the stream."""
+    nodes = HandNodes()
+    r = rig(nodes)
+    rid = drop_after_request(r, nodes)
     (reply,) = pull_all(r.grid, [rid])
     assert reply.has_error() and "stream" in reply.error.reason
+
+
+def test_close_does_not_wait_for_the_node_of_a_failed_session(rig):
+    """close() returns at once when a failed session's node never answers its opening message, and frees the port."""
+    nodes = HandNodes()  # never answers while the test runs: a killed node
+    r = rig(nodes)
+    drop_after_request(r, nodes)
+    wait_for(lambda: r.grid.sessions[r.nodes[0]].state == FAILED)
+    t0 = time.monotonic()
+    r.grid.close(timeout=5)
+    assert time.monotonic() - t0 < 2.5
+    assert port_is_closed(r.grid.endpoint.port)
+
+
+def test_next_request_after_a_failed_session_opens_a_new_one(rig):
+    """After a session fails, the node's next request opens a new session (new id and secret); the old one is refused."""
+    nodes = HandNodes()
+    r = rig(nodes, connect_timeout=0.5)
+    (first,) = r.grid.push_messages([request(r.nodes[0], 1)])
+    old = nodes.next_opening()
+    assert "did not connect" in pull_all(r.grid, [first])[0].error.reason
+    (second,) = r.grid.push_messages([request(r.nodes[0], 2)])
+    new = nodes.next_opening()
+    assert new["session"] != old["session"] and new["secret"] != old["secret"]
+    late = HandClient(old)
+    with pytest.raises(grpc.RpcError) as err:
+        late.receive()
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    node = HandClient(new)
+    head, content = node.receive()
+    assert head["id"] == second and content.config_records["req"]["value"] == 2
+    late.close()
+    node.close()
 
 
 @pytest.mark.parametrize("then", [None, b"\x00\x00\x00\x01x"], ids=["ends-stream", "sends-garbage"])
@@ -417,8 +465,8 @@ def test_reply_received_before_the_stream_breaks_is_not_lost(rig, then: bytes | 
     (rid,) = r.grid.push_messages([request(r.nodes[0], 7)])
     node = HandClient(nodes.next_opening())
     head, content = node.receive()
-    node.send_raw(encode_frame({"kind": "reply", "id": head["id"]},
-                               RecordDict({"res": MetricRecord({"twice": 2 * content.config_records["req"]["value"]})})))
+    twice = 2 * content.config_records["req"]["value"]
+    node.send_raw(encode_frame({"kind": "reply", "id": head["id"]}, RecordDict({"res": MetricRecord({"twice": twice})})))
     node.send_raw(then)
     session = r.grid.sessions[r.nodes[0]]
     wait_for(lambda: session.state == FAILED)  # the break is seen after the reply (frames arrive in order)
@@ -571,13 +619,6 @@ def run_over_sessions(cfg, client_app: Callable[[Message, Context], Message]) ->
     return SessionRun(summary, Path(cfg.output_dir), sgrid, inner, counted[0])
 
 
-def default_app(msg: Message, context: Context) -> Message:
-    """The real ClientApp."""
-    from fl_app.client_app import app
-
-    return app(msg, context)
-
-
 @pytest.fixture(scope="module")
 def session_runs(certs, tmp_path_factory):
     """Factory: ``strategy -> SessionRun`` of :data:`RUN` on the virtual clock over TLS sessions (cached)."""
@@ -585,10 +626,8 @@ def session_runs(certs, tmp_path_factory):
 
     def get(strategy: str) -> SessionRun:
         if strategy not in done:
-            out = tmp_path_factory.mktemp(f"session-{strategy}")
-            cfg = make_cfg(strategy=strategy, clock="virtual", transport="session", session_address="localhost:0",
-                           output_dir=str(out), **RUN, **tls_keys(certs))
-            done[strategy] = run_over_sessions(cfg, default_app)
+            cfg = session_cfg(strategy, "virtual", tmp_path_factory.mktemp(f"session-{strategy}"), certs)
+            done[strategy] = run_over_sessions(cfg, real_app)
         return done[strategy]
 
     return get
@@ -610,6 +649,15 @@ def test_metrics_over_sessions_equal_flower_messages(strategy: str, session_runs
     assert run.summary["status"] == "completed" and run.summary["failure_reasons"] == {}
 
 
+def test_config_json_records_only_that_the_tls_files_were_given(session_runs, certs):
+    """config.json of a session run says "<given>" for the TLS files and holds none of their paths."""
+    run = session_runs("splitfed-v1")
+    text = (run.out / "config.json").read_text()
+    config = json.loads(text)["config"]
+    assert [config[k] for k in ("session-certificate", "session-key", "session-ca")] == ["<given>"] * 3
+    assert str(certs["ca"].parent) not in text and "BEGIN" not in text
+
+
 def test_nothing_is_left_open_after_a_run(session_runs):
     """After a run: the endpoint's port is closed, each node asked had one session that ended closed, and
     every node's query.session handler returned, having served every request sent over sessions."""
@@ -622,6 +670,7 @@ def test_nothing_is_left_open_after_a_run(session_runs):
     openings = [(m, t) for m, t in run.inner.calls if m.metadata.message_type == OPEN_ACTION]
     assert sorted(m.metadata.dst_node_id for m, _ in openings) == sorted(nodes)
     assert not any(t.is_alive() for _, t in openings)
+    assert run.inner._replies == {}  # the server pulled every reply, the opening messages' included
     served = []
     for msg, _ in openings:
         reply = run.inner.returned[msg.metadata.message_id]
@@ -637,19 +686,18 @@ class Killed(BaseException):
 def killing_app(victim: int, on_request: int) -> Callable[[Message, Context], Message]:
     """The real ClientApp, except that partition ``victim``'s session dies on its ``on_request``-th request:
     the handler's stream is torn down without a reply and the node's ``query.session`` call fails."""
-    from fl_app.client_app import app
 
     def client(msg: Message, context: Context) -> Message:
         if msg.metadata.message_type != OPEN_ACTION or context.node_config["partition-id"] != victim:
-            return app(msg, context)
+            return real_app(msg, context)
         count = 0
 
-        def handle(request: Message, ctx: Context) -> Message:
+        def handle(req: Message, ctx: Context) -> Message:
             nonlocal count
             count += 1
             if count == on_request:
                 raise Killed
-            return app(request, ctx)
+            return real_app(req, ctx)
 
         try:
             return serve_session(msg, context, handle)
@@ -661,9 +709,7 @@ def killing_app(victim: int, on_request: int) -> Callable[[Message, Context], Me
 
 def test_node_whose_session_breaks_is_excluded_and_run_completes(certs, tmp_path: Path):
     """A node whose session breaks mid-run is excluded with a session reason in summary.json; the others finish."""
-    cfg = make_cfg(strategy="splitfed-v1", clock="wall", transport="session", session_address="localhost:0",
-                   output_dir=str(tmp_path), **RUN, **tls_keys(certs))
-    run = run_over_sessions(cfg, killing_app(victim=1, on_request=2))
+    run = run_over_sessions(session_cfg("splitfed-v1", "wall", tmp_path, certs), killing_app(victim=1, on_request=2))
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert list(summary["failure_reasons"]) == ["1"]

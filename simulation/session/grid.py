@@ -10,15 +10,16 @@ strategy changes:
 * any other request goes over the node's session. The first one opens it:
   one ``query.session`` message through Flower (the endpoint's address, the
   session id and secret, the CA) and the request waits in the session's
-  queue until the node connects. A session that has ended (failed, or
-  closed) is replaced by a new one with a new secret at the node's next
-  request (re-admission);
+  queue until the node connects;
 * a request whose session fails before its reply arrives gets an error
   reply with the reason: the dispatcher reports it and the strategy excludes
-  the node as for any failed message. Reasons: the node did not connect
-  within ``session-timeout`` seconds; a wrong or replayed secret; the stream
-  broke (the node was killed, the network went away); the node's
-  ``query.session`` handler failed; a request for a closed session.
+  the node as for any failed message. So does every later request to that
+  node, until a fresh handshake (``query.info``, re-admission) starts it
+  over; its next request then opens a new session with a new secret.
+  Reasons: the node did not connect within ``session-timeout`` seconds; a
+  wrong or replayed secret; the stream broke (the node was killed, the
+  network went away); the node's ``query.session`` handler failed; a
+  request for a closed session.
 
 :meth:`SessionGrid.close` closes every session (each node's handler returns
 and Flower stores its ``context.state``), waits for the opening messages'
@@ -108,6 +109,9 @@ class SessionGrid(Grid):
         ids = []
         for msg in messages:
             if msg.metadata.message_type in FLOWER_ACTIONS:
+                old = self.sessions.get(msg.metadata.dst_node_id)
+                if old is not None and old.state == FAILED:  # a fresh handshake (re-admission) starts over
+                    del self.sessions[msg.metadata.dst_node_id]
                 ids += list(self.grid.push_messages([msg]))
                 continue
             session = self._session(msg.metadata.dst_node_id)
@@ -146,8 +150,8 @@ class SessionGrid(Grid):
     def _session(self, node_id: int) -> Session:
         """The node's live session, or a new one with its opening message sent."""
         session = self.sessions.get(node_id)
-        if session is not None and not session.ended:
-            return session
+        if session is not None and session.state != CLOSED:
+            return session  # live, or failed: its requests fail with its reason until a fresh handshake
         if self._closed:  # after close(): nothing is sent, the request fails with the reason
             session = Session(node_id)
             session.fail("a request for a closed session (the run's sessions were closed)")
