@@ -5,6 +5,13 @@ from __future__ import annotations
 import torch
 
 
+#: A failure reason that contains this (any case) means the client's node is gone, not broken: Flower's
+#: SuperLink says "Node Unavailable" when a SuperNode misses its heartbeats, and the session transport
+#: says it when a node's stream breaks. Such a client may be re-admitted after a fresh handshake
+#: (:meth:`strategies.membership.Membership.readmit`); any other exclusion is final.
+NODE_UNAVAILABLE = "node unavailable"
+
+
 class DivergedError(RuntimeError):
     """Training produced a non-finite loss; the run stops, metrics are kept."""
 

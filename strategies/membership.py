@@ -23,7 +23,7 @@ from flwr.serverapp import Grid
 
 from fl_app import protocol as P
 from fl_app.config import RunConfig
-from strategies.errors import DivergedError, RunFailedError
+from strategies.errors import NODE_UNAVAILABLE, DivergedError, RunFailedError
 
 log = logging.getLogger("sflower")
 
@@ -213,8 +213,9 @@ class Membership:
     def readmit(self, grid: Grid, cfg: RunConfig) -> list[int]:
         """Re-admit excluded clients whose SuperNode came back, after a fresh handshake (wall clock only).
 
-        A client excluded because the SuperLink reported its node unavailable
-        (the SuperNode died: no heartbeat) is handshaken again once a node is
+        A client excluded because its node is gone (the reason contains
+        :data:`~strategies.errors.NODE_UNAVAILABLE`: the SuperLink reported no
+        heartbeat, or the node's session stream broke) is handshaken again once a node is
         online that no live client uses: its old node id (a SuperNode restarted
         with the same key keeps its id) or a new one. A node that replies with
         that partition id, the same size and the same label histogram takes the
@@ -230,7 +231,7 @@ class Membership:
         """
         if cfg.clock != "wall":
             return []
-        gone = [p for p in sorted(self.failed) if "node unavailable" in self.failure_reasons.get(p, "").lower()]
+        gone = [p for p in sorted(self.failed) if NODE_UNAVAILABLE in self.failure_reasons.get(p, "").lower()]
         if not gone or time.monotonic() - self.readmit_looked < self.readmit_every_s:
             return []
         self.readmit_looked = time.monotonic()

@@ -6,6 +6,8 @@
   hand: the inner grid is a :class:`ThreadedGrid` whose nodes either run
   :func:`fl_app.session.client.serve_session` or only hand their opening
   message to the test, which then connects (or not) with grpcio itself.
+* Choosing the transport (:func:`simulation.session.check_transport`,
+  :func:`~simulation.session.choose_transport`).
 * Whole runs: the same configuration over sessions (TLS on ``localhost:0``)
   and over Flower messages gives identical metrics; after a run no port,
   session or node handler is left; a node whose session breaks mid-run is
@@ -235,16 +237,12 @@ def test_malformed_frames_raise_frame_error(frame: bytes, fragment: str):
         decode_frame(frame)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: decode_frame returns before its trailing-bytes check "
-                                       "when the header has no records")
 def test_trailing_bytes_after_a_frame_without_records_raise_frame_error():
     """Bytes after a records-less frame's header are refused like those after a frame's blobs."""
     with pytest.raises(FrameError):
         decode_frame(encode_frame({"kind": "close"}) + b"x")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: _build unpacks items without a check, so a ValueError "
-                                       "escapes instead of FrameError")
 @pytest.mark.parametrize("item, kind", [(["w", "float32", [1]], "array"), (["k"], "config")])
 def test_records_items_of_the_wrong_length_raise_frame_error(item: list, kind: str):
     """An item with too few fields is a malformed frame (FrameError), not another error."""
@@ -260,15 +258,16 @@ def test_records_items_of_the_wrong_length_raise_frame_error(item: list, kind: s
 class HandNodes:
     """Nodes that do not serve their sessions: each opening message goes to :attr:`opened` and the
     node's ``query.session`` call then waits (no reply) until :meth:`release`, so the test decides
-    whether and how the node connects."""
+    whether and how the node connects. Other messages get an empty reply at once."""
 
     def __init__(self) -> None:
         self.opened: queue.Queue[Message] = queue.Queue()
         self._release = threading.Event()
 
     def __call__(self, msg: Message, context: Context) -> Message:
-        self.opened.put(msg)
-        self._release.wait()
+        if msg.metadata.message_type == OPEN_ACTION:
+            self.opened.put(msg)
+            self._release.wait()
         return Message(RecordDict(), reply_to=msg)
 
     def next_opening(self) -> ConfigRecord:
@@ -422,6 +421,9 @@ def test_broken_stream_fails_the_pending_request(rig):
     rid = drop_after_request(r, nodes)
     (reply,) = pull_all(r.grid, [rid])
     assert reply.has_error() and "stream" in reply.error.reason
+    # the node is gone, not broken: the strategy may re-admit it after a fresh handshake (Membership.readmit)
+    from strategies.errors import NODE_UNAVAILABLE
+    assert NODE_UNAVAILABLE in reply.error.reason.lower()
 
 
 def test_close_does_not_wait_for_the_node_of_a_failed_session(rig):
@@ -436,25 +438,31 @@ def test_close_does_not_wait_for_the_node_of_a_failed_session(rig):
     assert port_is_closed(r.grid.endpoint.port)
 
 
-def test_next_request_after_a_failed_session_opens_a_new_one(rig):
-    """After a session fails, the node's next request opens a new session (new id and secret); the old one is refused."""
+def test_failed_session_fails_at_once_until_a_fresh_handshake(rig):
+    """After a session fails, the node's next request fails at once with its reason and opens nothing; after a
+    fresh handshake (query.info) the next one opens a new session (new id and secret), and the old is refused."""
     nodes = HandNodes()
     r = rig(nodes, connect_timeout=0.5)
-    (first,) = r.grid.push_messages([request(r.nodes[0], 1)])
+    node = r.nodes[0]
+    (first,) = r.grid.push_messages([request(node, 1)])
     old = nodes.next_opening()
     assert "did not connect" in pull_all(r.grid, [first])[0].error.reason
-    (second,) = r.grid.push_messages([request(r.nodes[0], 2)])
+    (again,) = r.grid.push_messages([request(node, 2)])
+    assert "did not connect" in pull_all(r.grid, [again], timeout=0.4)[0].error.reason
+    pull_all(r.grid, list(r.grid.push_messages([request(node, 0, "query.info")])))
+    assert [m.metadata.message_type for m, _ in r.inner.calls] == [OPEN_ACTION, "query.info"]
+    (second,) = r.grid.push_messages([request(node, 3)])
     new = nodes.next_opening()
     assert new["session"] != old["session"] and new["secret"] != old["secret"]
     late = HandClient(old)
     with pytest.raises(grpc.RpcError) as err:
         late.receive()
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    node = HandClient(new)
-    head, content = node.receive()
-    assert head["id"] == second and content.config_records["req"]["value"] == 2
+    client = HandClient(new)
+    head, content = client.receive()
+    assert head["id"] == second and content.config_records["req"]["value"] == 3
     late.close()
-    node.close()
+    client.close()
 
 
 @pytest.mark.parametrize("then", [None, b"\x00\x00\x00\x01x"], ids=["ends-stream", "sends-garbage"])
@@ -465,8 +473,8 @@ def test_reply_received_before_the_stream_breaks_is_not_lost(rig, then: bytes | 
     (rid,) = r.grid.push_messages([request(r.nodes[0], 7)])
     node = HandClient(nodes.next_opening())
     head, content = node.receive()
-    twice = 2 * content.config_records["req"]["value"]
-    node.send_raw(encode_frame({"kind": "reply", "id": head["id"]}, RecordDict({"res": MetricRecord({"twice": twice})})))
+    answer = RecordDict({"res": MetricRecord({"twice": 2 * content.config_records["req"]["value"]})})
+    node.send_raw(encode_frame({"kind": "reply", "id": head["id"]}, answer))
     node.send_raw(then)
     session = r.grid.sessions[r.nodes[0]]
     wait_for(lambda: session.state == FAILED)  # the break is seen after the reply (frames arrive in order)
@@ -524,8 +532,6 @@ def test_unreadable_tls_file_is_a_config_error(tmp_path: Path, certs):
         SessionEndpoint("localhost:0", TlsFiles(certs["cert"], tmp_path / "absent.key", certs["ca"]), 1)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: grpcio binds with SO_REUSEPORT by default, so a second endpoint "
-                                       "shares a bound port instead of failing")
 def test_address_in_use_is_a_config_error():
     """A second endpoint on the address of a running one fails with a ConfigError instead of sharing its port."""
     first = SessionEndpoint("localhost:0", None, 1)
@@ -568,12 +574,20 @@ FILES = {"session-certificate": "c.pem", "session-key": "k.pem", "session-ca": "
     ({"clock": "wall", **FILES}, "simulation", "flower"),
     ({"clock": "wall", **FILES}, "inprocess", "flower"),
     ({"clock": "wall", "transport": "flower", **FILES}, "deployment", "flower"),
-    ({"clock": "virtual", "transport": "session"}, "inprocess", "session"),
+    ({"clock": "virtual", "transport": "session"}, "deployment", "session"),
 ], ids=["auto-deployment-tls", "auto-deployment-plaintext", "auto-no-files", "auto-virtual", "auto-ray",
         "auto-inprocess", "explicit-flower", "explicit-session"])
 def test_choose_transport(overrides: dict, grid: str, expected: str):
     """auto is session only on the wall clock in a deployment with TLS files (or plaintext); explicit values win."""
     assert choose_transport(make_cfg(**overrides), GRIDS[grid]) == expected
+
+
+@pytest.mark.parametrize("grid", ["simulation", "inprocess"])
+def test_session_in_a_simulation_is_refused_in_one_line(grid: str):
+    """transport=session on a simulation's grid is a one-line ConfigError, even with TLS files."""
+    with pytest.raises(ConfigError, match="needs a deployment") as err:
+        choose_transport(make_cfg(transport="session", clock="wall", **FILES), GRIDS[grid])
+    assert "\n" not in str(err.value)
 
 
 # =============================================================================

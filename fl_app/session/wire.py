@@ -62,11 +62,15 @@ def decode_frame(frame: bytes) -> tuple[dict[str, Any], RecordDict | None]:
         raise FrameError("frame header is not a JSON object")
     records = head.pop("records", None)
     if records is None:
+        if len(view) != _LEN + n:
+            raise FrameError(f"{len(view) - _LEN - n} trailing bytes after the frame's header")
         return head, None
     reader = _Blobs(view, _LEN + n)
     try:
         content = RecordDict({r["name"]: _build(r, reader) for r in records})
-    except (KeyError, TypeError) as err:
+    except (KeyError, TypeError, ValueError) as err:  # a missing key, a wrong type, an item of the wrong length
+        if isinstance(err, FrameError):
+            raise
         raise FrameError(f"frame records are malformed: {err!r}") from None
     if reader.pos != len(view):
         raise FrameError(f"{len(view) - reader.pos} trailing bytes after the frame's blobs")
@@ -103,7 +107,7 @@ class _Blobs:
 
     def take(self, ref: Any) -> bytes:
         n = ref["$blob"]
-        if not isinstance(n, int) or n < 0 or self.pos + n > len(self.view):
+        if type(n) is not int or n < 0 or self.pos + n > len(self.view):
             raise FrameError("a blob runs past the end of the frame")
         data = bytes(self.view[self.pos:self.pos + n])
         self.pos += n

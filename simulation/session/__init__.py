@@ -32,10 +32,15 @@ def check_transport(cfg: RunConfig) -> None:
     """Refuse a session configuration that cannot run, before anything starts.
 
     Raises:
-        ConfigError: ``transport=session`` with TLS on (the default) but
+        ConfigError: a ``session-address`` whose host is a wildcard (``0.0.0.0``), which
+            the nodes cannot dial; ``transport=session`` with TLS on (the default) but
             without ``session-certificate``, ``session-key`` and ``session-ca``
             (plaintext needs ``session-tls=false``, given explicitly).
     """
+    host = cfg.session_address.rsplit(":", 1)[0].strip("[]")
+    if cfg.transport != "flower" and host in ("0.0.0.0", "::", ""):
+        raise ConfigError(f"session-address={cfg.session_address}: give the server's name or address as the "
+                          "nodes reach it (they dial it, and it must be in the certificate's names)")
     if cfg.transport == "session" and cfg.session_tls and not _tls_given(cfg):
         raise ConfigError("transport=session needs session-certificate, session-key and session-ca "
                           "(or session-tls=false for plaintext)")
@@ -59,7 +64,14 @@ def choose_transport(cfg: RunConfig, grid: Grid) -> str:
     given (``sflower deploy`` gives them) or ``session-tls=false``, and
     ``flower`` otherwise, with one log line saying why when it falls back in
     a deployment.
+
+    Raises:
+        ConfigError: ``transport=session`` in a simulation (:func:`is_deployment`), where a session would hold
+            its node's actor (Ray) or this process (in-process engine) for the whole run.
     """
+    if cfg.transport == "session" and not is_deployment(grid):
+        raise ConfigError("transport=session needs a deployment: a simulation runs every node's messages in "
+                          "shared actors or in this process (use transport=flower or auto)")
     if cfg.transport != "auto":
         return cfg.transport
     if cfg.clock != "wall" or not is_deployment(grid):

@@ -40,10 +40,13 @@ from flwr.app import RecordDict
 from fl_app.errors import ConfigError
 from fl_app.session.client import CHANNEL_OPTIONS, METHOD
 from fl_app.session.wire import FrameError, decode_frame, encode_frame
+from strategies.errors import NODE_UNAVAILABLE
 
 log = logging.getLogger("sflower")
 
 OPENING, OPEN, CLOSED, FAILED = "opening", "open", "closed", "failed"
+#: Wall seconds a connection has to send its hello before the endpoint drops it.
+HELLO_TIMEOUT = 5.0
 _CLOSE = object()  # the outbound queue's end marker
 
 
@@ -180,9 +183,10 @@ class SessionEndpoint:
         self._lock = threading.Lock()
         self.tls = tls
         self.ca_pem = b""
-        self._server = grpc.server(ThreadPoolExecutor(max_workers=max_sessions + 4,
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=2 * max_sessions + 8,
                                                       thread_name_prefix="sflower-session"),
-                                   options=CHANNEL_OPTIONS + [("grpc.keepalive_permit_without_calls", 1),
+                                   options=CHANNEL_OPTIONS + [("grpc.so_reuseport", 0),  # a bound port is refused
+                                                              ("grpc.keepalive_permit_without_calls", 1),
                                                               ("grpc.http2.min_ping_interval_without_data_ms",
                                                                5_000)])
         service, method = METHOD.strip("/").split("/")
@@ -231,17 +235,21 @@ class SessionEndpoint:
                 yield frame
         finally:
             if not session.ended:  # the generator was closed by gRPC: the stream is gone
-                session.fail("the stream broke")
+                session.fail(f"{NODE_UNAVAILABLE}: the stream broke")
             session._ended.set()
 
     def _hello(self, frames: Any, context: Any) -> Session | None:
         """The session the first frame authenticates, or None (refused: a ``refused`` frame is not sent,
         the call is aborted with UNAUTHENTICATED and the reason)."""
+        timer = threading.Timer(HELLO_TIMEOUT, context.cancel)  # a silent connection does not hold a thread
+        timer.start()
         try:
             head, _ = decode_frame(next(frames))
         except (StopIteration, FrameError, self._grpc.RpcError) as err:
             log.warning("session endpoint: a connection without a valid hello (%s)", type(err).__name__)
             context.abort(self._grpc.StatusCode.UNAUTHENTICATED, "no valid hello")
+        finally:
+            timer.cancel()
         with self._lock:
             session = self.sessions.get(str(head.get("session")))
             if session is None:
@@ -271,7 +279,7 @@ class SessionEndpoint:
             session.fail(f"a malformed frame ({err})")
             return
         except Exception as err:  # noqa: BLE001 - grpc.RpcError and friends: the connection is gone
-            session.fail(f"the stream broke ({type(err).__name__})")
+            session.fail(f"{NODE_UNAVAILABLE}: the stream broke ({type(err).__name__})")
             return
         if session.state == OPEN:
-            session.fail("the node ended the stream")
+            session.fail(f"{NODE_UNAVAILABLE}: the node ended the stream")

@@ -39,7 +39,7 @@ from flwr.serverapp import Grid
 
 from fl_app.session.client import OPEN_ACTION, SESSION
 from simulation.messages import reply_message
-from simulation.session.endpoint import CLOSED, FAILED, OPENING, Session, SessionEndpoint
+from simulation.session.endpoint import CLOSED, FAILED, OPEN, OPENING, Session, SessionEndpoint
 
 log = logging.getLogger("sflower")
 
@@ -191,13 +191,15 @@ class SessionGrid(Grid):
     def close(self, timeout: float = 30.0) -> None:
         """Close every session, wait (up to ``timeout`` s) for the nodes' handlers to return, stop the endpoint."""
         self._closed = True
+        connected = {id(s) for s in self.sessions.values() if s.state == OPEN}
         for session in self.sessions.values():
             session.close()
         end = time.monotonic() + timeout
         for session in self.sessions.values():
             session.wait_ended(max(0.0, end - time.monotonic()))
-        # a failed session's node may be gone (killed): its opening message may never be answered
-        self._opening = {oid: s for oid, s in self._opening.items() if s.state == CLOSED}
+        # only a connected node's handler returns now: a failed session's node may be gone (killed), and one that
+        # never connected may never answer its opening message
+        self._opening = {oid: s for oid, s in self._opening.items() if id(s) in connected}
         while self._opening and time.monotonic() < end:
             self._last_watch = 0.0
             self._watch(every=True)
