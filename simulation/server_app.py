@@ -155,7 +155,17 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Entry point under ``flwr run``: the run config comes from ``context.run_config``."""
+    """Entry point under ``flwr run``: the run config comes from ``context.run_config``.
+
+    sflower's INFO lines (the strategy's settings, the session endpoint's address, re-admissions) go to
+    the ServerApp's log, which ``flwr run --stream`` shows.
+    """
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
     try:
         plan = plan_run(RunConfig.from_mapping(context.run_config))
         if plan.cfg.checkpoint_every:  # the clients' state lives on the nodes here

@@ -68,7 +68,24 @@ def _check_outputs(summary: dict, run_dir: Path, clients: int) -> list[dict]:
         assert secret not in text
     assert (run_dir / "logs" / "superlink.log").stat().st_size > 0
     assert not _no_process_left(run_dir)
+    # the requests went over sessions (the default in a deployment), and the endpoint's port is closed
+    assert json.loads(text)["transport"] == "session"
+    assert _session_port_closed(run_dir)
     return rows
+
+
+def _session_port_closed(run_dir: Path) -> bool:
+    """Whether the session endpoint the ServerApp logged ("session endpoint on HOST:PORT") refuses connections."""
+    import re
+    import socket
+
+    found = re.search(r"session endpoint on ([\w.\-]+):(\d+)", (run_dir / "logs" / "flwr-run.log").read_text())
+    assert found, "the ServerApp did not log its session endpoint"
+    try:
+        socket.create_connection((found.group(1), int(found.group(2))), timeout=2).close()
+    except OSError:
+        return True
+    return False
 
 
 @needs_flower
@@ -90,6 +107,21 @@ def test_gas_with_an_unauthorised_supernode(tmp_path: Path) -> None:
     assert "Failed to activate SuperNode" in (run_dir / "logs" / "node-3-unauthorised.log").read_text()
     assert sorted(summary["client_examples"]) == ["0", "1", "2"]
     assert summary["failure_reasons"] == {"3": "query.info: no node joined"}
+
+
+@needs_flower
+def test_a_node_killed_mid_session_is_excluded_and_the_run_finishes(tmp_path: Path) -> None:
+    """SIGKILL of a SuperNode (and its ClientApp) mid-session: its stream breaks, the client is excluded at its
+    next request with the reason (not after Flower's heartbeat timeout), and the others finish the run."""
+    summary, run_dir = _deploy(tmp_path, nodes="3", strategy="gas", **{
+        "global-iterations": "60", "eval-every": "20", "kill-node": "1", "kill-after": "8"})
+    assert summary["status"] == "completed" and summary["deploy"]["killed_node"] == 1
+    reason = summary["failure_reasons"]["1"]
+    assert "stream" in reason and "node unavailable" in reason.lower(), reason  # it broke, or the node ended it
+    assert summary["failed_clients"] == [1]
+    rows = read_metrics(run_dir / "out" / "metrics.csv")
+    assert int(rows[-1]["global_iteration"]) == 60
+    assert _session_port_closed(run_dir) and not _no_process_left(run_dir)
 
 
 def test_deploy_arguments() -> None:
