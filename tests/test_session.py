@@ -554,6 +554,14 @@ def test_session_with_tls_and_no_files_is_refused_in_one_line():
     assert "session-certificate" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("address", ["0.0.0.0:9099", "[::]:9099", ":9099"])
+def test_a_wildcard_session_address_is_refused(address: str):
+    """The nodes dial session-address, so a wildcard host (bind-all) is refused in one line; not with flower."""
+    with pytest.raises(ConfigError, match="as the nodes reach it"):
+        check_transport(make_cfg(transport="auto", session_address=address))
+    check_transport(make_cfg(transport="flower", session_address=address))
+
+
 @pytest.mark.parametrize("overrides", [{"transport": "session", "session-tls": False},
                                        {"transport": "auto"}, {"transport": "flower"}])
 def test_runnable_transports_pass_the_check(overrides: dict):
