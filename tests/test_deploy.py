@@ -71,6 +71,9 @@ def _check_outputs(summary: dict, run_dir: Path, clients: int) -> list[dict]:
     # the requests went over sessions (the default in a deployment), and the endpoint's port is closed
     assert json.loads(text)["transport"] == "session"
     assert _session_port_closed(run_dir)
+    # every node's session handler returned at the close and replied, so Flower stored its context.state
+    for k in range(clients):
+        assert "Sending: query.session" in (run_dir / "logs" / f"node-{k}.log").read_text(), k
     return rows
 
 

@@ -125,6 +125,10 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
             time.sleep(0.5)
         summary = json.loads(summary_path.read_text())
         t_end = time.monotonic()
+        # the ServerApp writes summary.json, then closes its sessions (the nodes' handlers return and Flower stores
+        # their context.state) and stops its endpoint; `flwr run --stream` exits when it is done
+        with suppress(DeployError):
+            wait_for(lambda: not runner.alive(), 60.0, "the end of the run")
         # unregistered SuperNodes: Flower refuses them (they exit with "Failed to activate SuperNode")
         refused = {s.pid: s.proc.popen.returncode for s in specs if not s.authorised and s.proc is not None
                    and not s.proc.alive()}

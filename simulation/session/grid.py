@@ -195,13 +195,17 @@ class SessionGrid(Grid):
         for session in self.sessions.values():
             session.close()
         end = time.monotonic() + timeout
-        for session in self.sessions.values():
-            session.wait_ended(max(0.0, end - time.monotonic()))
-        # only a connected node's handler returns now: a failed session's node may be gone (killed), and one that
-        # never connected may never answer its opening message
-        self._opening = {oid: s for oid, s in self._opening.items() if id(s) in connected}
-        while self._opening and time.monotonic() < end:
-            self._last_watch = 0.0
-            self._watch(every=True)
-            time.sleep(0.05)
-        self.endpoint.stop()
+        try:
+            for session in self.sessions.values():
+                session.wait_ended(max(0.0, end - time.monotonic()))
+            # only a connected node's handler returns now: a failed session's node may be gone (killed), and one
+            # that never connected may never answer its opening message
+            self._opening = {oid: s for oid, s in self._opening.items() if id(s) in connected}
+            while self._opening and time.monotonic() < end:
+                self._last_watch = 0.0
+                self._watch(every=True)
+                time.sleep(0.05)
+        except Exception as err:  # noqa: BLE001 - e.g. the SuperLink is gone: the endpoint stops all the same
+            log.warning("closing the sessions: %s: %s", type(err).__name__, err)
+        finally:
+            self.endpoint.stop()
