@@ -20,7 +20,6 @@ context, so ``context.state`` is written back once per session.
 
 from __future__ import annotations
 
-import logging
 import queue
 from collections.abc import Callable, Iterator
 
@@ -39,8 +38,6 @@ CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_FRAME_BYTES),
                    ("grpc.max_receive_message_length", MAX_FRAME_BYTES),
                    ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                    ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
-
-log = logging.getLogger("sflower")
 
 
 class SessionRefused(RuntimeError):

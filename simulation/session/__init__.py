@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flwr.serverapp import Grid
 
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
+
+if TYPE_CHECKING:
+    from simulation.session.grid import SessionGrid
 
 log = logging.getLogger("sflower")
 
@@ -82,7 +86,7 @@ def choose_transport(cfg: RunConfig, grid: Grid) -> str:
     return "session"
 
 
-def open_session_grid(grid: Grid, cfg: RunConfig):
+def open_session_grid(grid: Grid, cfg: RunConfig) -> SessionGrid:
     """Start the endpoint on ``session-address`` and wrap ``grid`` in a :class:`~simulation.session.grid.SessionGrid`.
 
     Raises:

@@ -30,6 +30,7 @@ import logging
 import secrets
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,7 +100,7 @@ class Session:
     state: str = OPENING
     reason: str = ""
     created: float = field(default_factory=time.monotonic)
-    _outbound: list[Any] = field(default_factory=list, repr=False)
+    _outbound: deque[Any] = field(default_factory=deque, repr=False)
     _replies: dict[str, tuple[dict[str, Any], RecordDict | None]] = field(default_factory=dict, repr=False)
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
     _ended: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -141,7 +142,8 @@ class Session:
                 return
             was_open = self.state == OPEN
             self.state = CLOSED
-            self._outbound.append(encode_frame({"kind": "close"}) if was_open else _CLOSE)
+            if was_open:
+                self._outbound.append(encode_frame({"kind": "close"}))
             self._outbound.append(_CLOSE)
             self._cond.notify_all()
         if not was_open:
@@ -155,7 +157,7 @@ class Session:
         with self._cond:
             while not self._outbound:
                 self._cond.wait()
-            return self._outbound.pop(0)
+            return self._outbound.popleft()
 
     def _store(self, head: dict[str, Any], content: RecordDict | None) -> None:
         with self._cond:
