@@ -313,6 +313,13 @@ class HandClient:
         self.channel.close()
 
 
+def assert_refused(client: HandClient) -> None:
+    """The endpoint ended ``client``'s call with UNAUTHENTICATED."""
+    with pytest.raises(grpc.RpcError) as err:
+        client.receive()
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
 @dataclass
 class Rig:
     """An endpoint, a session grid over a ThreadedGrid, and the grid's node ids."""
@@ -349,9 +356,7 @@ def test_wrong_secret_is_refused_and_fails_the_nodes_request(rig):
     r = rig(nodes)
     (rid,) = r.grid.push_messages([request(r.nodes[0], 1)])
     intruder = HandClient(nodes.next_opening(), secret="00" * 32)
-    with pytest.raises(grpc.RpcError) as err:
-        intruder.receive()
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert_refused(intruder)
     (reply,) = pull_all(r.grid, [rid])
     assert reply.has_error() and "wrong secret" in reply.error.reason
     intruder.close()
@@ -364,9 +369,7 @@ def test_unknown_session_id_is_refused_without_failing_any_session(rig):
     (rid,) = r.grid.push_messages([request(r.nodes[0], 1)])
     cfg = nodes.next_opening()
     stranger = HandClient(cfg, session="f" * 16)
-    with pytest.raises(grpc.RpcError) as err:
-        stranger.receive()
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert_refused(stranger)
     node = HandClient(cfg)
     head, content = node.receive()
     assert head["kind"] == "request" and content.config_records["req"]["value"] == 1
@@ -384,9 +387,7 @@ def test_replayed_secret_is_refused_and_fails_the_session(rig):
     first = HandClient(cfg)
     assert first.receive()[0]["kind"] == "request"  # connected and served its request
     replay = HandClient(cfg)
-    with pytest.raises(grpc.RpcError) as err:
-        replay.receive()
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert_refused(replay)
     (reply,) = pull_all(r.grid, [rid])
     assert reply.has_error() and "replayed" in reply.error.reason
     first.close()
@@ -455,9 +456,7 @@ def test_failed_session_fails_at_once_until_a_fresh_handshake(rig):
     new = nodes.next_opening()
     assert new["session"] != old["session"] and new["secret"] != old["secret"]
     late = HandClient(old)
-    with pytest.raises(grpc.RpcError) as err:
-        late.receive()
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert_refused(late)
     client = HandClient(new)
     head, content = client.receive()
     assert head["id"] == second and content.config_records["req"]["value"] == 3
