@@ -4,7 +4,10 @@ Writes into DIR:
 
 * ``report.md``: one row per configuration (the sweep's grid keys except
   ``seed``) with final and best accuracy as mean ± std over seeds, time to the
-  target accuracy, and the paper's number when the sweep file gives one;
+  target accuracy, and the paper's number when the sweep file gives one. A
+  run that diverged is counted in ``seeds`` as diverged (``"3 (1 diverged)"``)
+  and left out of the final accuracy, which it never reached; its best
+  accuracy counts;
 * ``curves.png``: mean test accuracy against global iteration and against
   virtual time, all configurations on shared axes;
 * ``profiles.png``: the device profiles (compute speed against uplink rate).
@@ -53,14 +56,23 @@ def markdown_table(frame: pd.DataFrame) -> str:
 
 def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None = None) -> pd.DataFrame:
     """Mean ± std over seeds of each configuration (accuracies in %); time and global
-    iterations to the target accuracy averaged over the seeds that reached it."""
+    iterations to the target accuracy averaged over the seeds that reached it.
+
+    A run whose ``status`` starts with ``diverged`` stopped before its last global
+    iteration: ``seeds`` says how many did (``"3 (1 diverged)"``), the final
+    accuracy is over the other runs (``–`` when none is left), and the best
+    accuracy over all of them.
+    """
     keys = [k for k in keys if k in table.columns] or ["strategy"]
     out = []
     for values, group in table.groupby(keys, sort=False):
         values = values if isinstance(values, tuple) else (values,)
         row = dict(zip(keys, values))
-        row["seeds"] = len(group)
-        row["final acc. (%)"] = _fmt(group["final_accuracy"].mean(), group["final_accuracy"].std())
+        diverged = group["status"].astype(str).str.startswith("diverged") if "status" in group else \
+            pd.Series(False, index=group.index)
+        row["seeds"] = f"{len(group)} ({int(diverged.sum())} diverged)" if diverged.any() else len(group)
+        final = group.loc[~diverged, "final_accuracy"]
+        row["final acc. (%)"] = _fmt(final.mean(), final.std())
         row["best acc. (%)"] = _fmt(group["best_accuracy"].mean(), group["best_accuracy"].std())
         tt, it = group["time_to_target_s"], group["iterations_to_target"]
         reached = f" ({int(tt.notna().sum())}/{len(group)} seeds)" if tt.notna().sum() < len(group) else ""

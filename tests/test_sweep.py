@@ -7,7 +7,7 @@ import pytest
 
 from fl_app.errors import ConfigError
 from simulation.cli import main
-from simulation.report import report
+from simulation.report import report, summarize
 from simulation.sweep import expand, load_sweep, run_sweep
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -85,6 +85,24 @@ def test_a_diverged_run_is_a_result_and_the_sweep_goes_on(tmp_path, capsys):
     assert table.loc[1e6, "status"].startswith("diverged") and table.loc[0.01, "status"] == "completed"
     run_sweep(path, out, progress=False)
     assert capsys.readouterr().out.count("done, skipped") == 2
+
+
+def test_the_report_counts_diverged_runs_apart():
+    """A diverged run never reached the last global iteration: it is named in ``seeds`` and left out of
+    the final accuracy (its last evaluation would pass for a result), but its best accuracy counts."""
+    nan = float("nan")
+    table = pd.DataFrame({
+        "variant": ["a", "a", "a", "b"],
+        "status": ["completed", "diverged: non-finite training loss (nan)", "completed", "diverged: nan"],
+        "final_accuracy": [0.9, 0.5, 0.8, 0.4], "best_accuracy": [0.9, 0.95, 0.8, 0.6],
+        "time_to_target_s": [nan] * 4, "iterations_to_target": [nan] * 4,
+    })
+    rows = summarize(table, ["variant"]).set_index("variant")
+    assert rows.loc["a", "seeds"] == "3 (1 diverged)"
+    assert rows.loc["a", "final acc. (%)"] == "85.00 ± 7.07"  # (0.9, 0.8): the diverged 0.5 is left out
+    assert rows.loc["a", "best acc. (%)"] == "88.33 ± 7.64"  # (0.9, 0.95, 0.8)
+    assert rows.loc["b", "seeds"] == "1 (1 diverged)" and rows.loc["b", "final acc. (%)"] == "–"
+    assert summarize(table.iloc[[0, 2]], ["variant"]).loc[0, "seeds"] == 2
 
 
 def test_bad_sweep_files(tmp_path):
