@@ -68,8 +68,7 @@ def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None
     for values, group in table.groupby(keys, sort=False):
         values = values if isinstance(values, tuple) else (values,)
         row = dict(zip(keys, values))
-        diverged = group["status"].astype(str).str.startswith("diverged") if "status" in group else \
-            pd.Series(False, index=group.index)
+        diverged = group.get("status", pd.Series("", index=group.index)).astype(str).str.startswith("diverged")
         row["seeds"] = f"{len(group)} ({int(diverged.sum())} diverged)" if diverged.any() else len(group)
         final = group.loc[~diverged, "final_accuracy"]
         row["final acc. (%)"] = _fmt(final.mean(), final.std())
