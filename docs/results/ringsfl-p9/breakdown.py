@@ -20,6 +20,7 @@ from collections import Counter
 
 
 def compute() -> None:
+    """Print ms per ring step (5 batches of B = 64) and s per 374-step round, one graph vs one backward per hop."""
     import torch
     from torch import nn
 
@@ -75,6 +76,7 @@ def compute() -> None:
 
 
 def flower() -> None:
+    """Print µs per exchange (request and reply Message with one 64x120 float32 Array each) and s per 18,700."""
     import numpy as np
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
     from flwr.common.constant import SType
