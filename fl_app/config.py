@@ -63,6 +63,7 @@ DEFAULTS: dict[str, Any] = {
     "buffer-activations": 0,
     "buffer-models": 0,
     "weighting": "linear",
+    "progress": "flushes",
     "logit-adjust": True,
     "aggregation": "data-size",
     "dissimilarity-every": 0,
@@ -147,9 +148,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (no ReLU after conv3, conv4, fc1, fc2), PyTorch's own init, uniform
     # client-model averaging, a batch timed as one sample's FLOPs, their hard-coded
     # seed 2023 for the initial weights, and their one client optimizer shared by all
-    # clients, never reset (client-momentum=shared; README: "Presets").
+    # clients, never reset (client-momentum=shared), and their progress weight, which counts
+    # each client's uploads (progress=uploads; README: "Presets").
     "gas-reference": {"model": "alexnet-gas", "init": "torch-default", "aggregation": "uniform",
-                      "batch-parallel": True, "client-momentum": "shared", "init-seed": 2023},
+                      "batch-parallel": True, "client-momentum": "shared", "init-seed": 2023,
+                      "progress": "uploads"},
     # MU-SplitFed (mu-splitfed.txt, §5): 10 clients, 5 per round, exponential
     # stragglers, one exchange per round (Algorithm 1), tau = 2 (its best in
     # Table 1), ZO-SGD on both sides without clipping (as the paper). The model is LeNet-5 cut
@@ -323,6 +326,7 @@ class RunConfig:
                              ("sl-order", ("client", "batch")), ("server-optimizer", ("sgd", "zo")),
                              ("gapsl-client-grads", ("selected", "all")), ("psl-loss", ("mean", "sum")),
                              ("normalize", ("dataset", "half")), ("client-momentum", ("own", "shared")),
+                             ("progress", ("flushes", "iterations", "uploads")),
                              ("class-assignment-mode", ("first-deterministic", "deterministic", "random"))):
             if self.get(key) not in choices:
                 raise ConfigError(f"{key} must be one of {', '.join(choices)}; got '{self.get(key)}'")

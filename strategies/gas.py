@@ -73,14 +73,17 @@ def _client_loss(logits: torch.Tensor, labels: torch.Tensor, label_prior: torch.
 
 
 def top_up(gaussians: LabelGaussians, x: torch.Tensor, y: torch.Tensor, batch: int, generator: torch.Generator,
-           move: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, int]:
+           move: Callable[[torch.Tensor], torch.Tensor], progress: torch.Tensor | None = None,
+           ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Fold a flushed buffer ``(x, y)`` into the per-label Gaussians (eqs. 11-12), then append generated
     activations so that every label has at least ``batch`` samples (none before the statistics are ready).
 
-    The statistics and their draws stay on the CPU (float64, exact); ``move`` takes the generated batch to
-    the server's device. Returns the new ``(x, y)`` and how many activations were generated.
+    ``progress``: each activation's training progress n(A), int64 ``[N]`` (None: the flush counter, see
+    :meth:`~strategies.generation.LabelGaussians.update`). The statistics and their draws stay on the CPU
+    (float64, exact); ``move`` takes the generated batch to the server's device. Returns the new
+    ``(x, y)`` and how many activations were generated.
     """
-    gaussians.update(x.reshape(x.shape[0], -1), y)
+    gaussians.update(x.reshape(x.shape[0], -1), y, progress=progress)
     if not gaussians.ready():
         return x, y, 0
     gx, gy = gaussians.generate(y, batch, generator)
@@ -102,6 +105,9 @@ class GAS(SplitMixin, AsyncStrategy):
         Option("buffer-activations", 0, "activation buffer Q_s, in batches (0 = concurrency)"),
         Option("buffer-models", 0, "model buffer Q_c (0 = concurrency)"),
         Option("weighting", "linear", "progress weight s(n) of eqs. 11-12", ("linear", "exponential", "polynomial")),
+        Option("progress", "flushes", "training progress n(A) that s(n) weighs: the activation buffer's flush "
+               "counter (flushes), the paper's n = tE + e of each activation (iterations), or the GAS authors' "
+               "per-client upload counter (uploads)", ("flushes", "iterations", "uploads")),
         Option("logit-adjust", True, "eq. 6 logit-adjusted loss for G_k"),
         Option("dissimilarity-every", 0, "record Fig. 2's gradient dissimilarity every N server updates (0 = off)"),
         Option("client-momentum", "own", "client-side SGD momentum: each client's own, from zero every local "
@@ -120,9 +126,16 @@ class GAS(SplitMixin, AsyncStrategy):
         self.server_opt = None if self.server_zo else self.server_optimizer(self.server_model)
         self.q_s = c.buffer_activations or c.concurrency
         self.q_c = c.buffer_models or c.concurrency
-        self.activation_buffer: list[tuple[torch.Tensor, torch.Tensor]] = []
+        #: ``(A_k, Y_k, n(A_k))`` per buffered batch (n: see :meth:`activation_progress`)
+        self.activation_buffer: list[tuple[torch.Tensor, torch.Tensor, int]] = []
         self.model_buffer: list[tuple[int, dict[str, torch.Tensor]]] = []
         self.progress_of: dict[int, int] = {}
+        #: ``progress=iterations``: the global iteration t each client's model comes from
+        self.start_iteration: dict[int, int] = {}
+        #: ``progress=uploads`` (the authors' ``weight_count``, ``total_weight_count`` and flush counter)
+        self.upload_count: dict[int, int] = {}
+        self.upload_total = 1
+        self.flushes = 0
         shape = self.task.profiles[self.cut - 1].output_shape
         self.activation_shape = tuple(shape)
         self.gaussians = (LabelGaussians(self.task.data.num_classes, math.prod(shape), c.covariance,
@@ -157,6 +170,8 @@ class GAS(SplitMixin, AsyncStrategy):
     def launch(self, pid: int) -> None:
         """Start a local round of E iterations from the current client-side model."""
         self.progress_of[pid] = 0
+        self.start_iteration[pid] = self.global_iteration
+        self.upload_count[pid] = self.upload_total
         self.send(pid, self.forward_request(self.cfg.batch_size, P.state_record(self.client_model.state_dict())))
 
     def on_reply(self, reply: Reply) -> None:
@@ -184,23 +199,47 @@ class GAS(SplitMixin, AsyncStrategy):
             grad = activation_gradient(self.server_model, x, y, loss_fn)
         self.progress_of[pid] += 1
         self.client_iterations += 1
+        progress = self.activation_progress(pid)
         done = self.progress_of[pid] >= self.local_steps(pid)
         nxt = P.NEXT_WEIGHTS if done else P.NEXT_FORWARD
         request = self.backward_request(grad, nxt, self.cfg.batch_size)
         if self.shared_momentum is not None:  # the buffer goes down, and comes back up
             request = self.shared_momentum.attach(pid, request, self.costs.param_bits(0, self.cut))
         self.send(pid, request)
-        self.activation_buffer.append((x, y))
+        self.activation_buffer.append((x, y, progress))
         if sum(int(b[1].numel()) for b in self.activation_buffer) >= self.q_s * self.cfg.batch_size:
             self.flush_activations()
+
+    def activation_progress(self, pid: int) -> int:
+        """The training progress n(A) of ``pid``'s activation batch just received, by ``progress``.
+
+        * ``iterations``: the paper's n = tE + e (GAS, "Dynamic Weighted Update"): t the global
+          iteration of the client model it trains from, e = 1..E its local iteration.
+        * ``uploads``: the authors' ``weight_count`` (``GAS_main.py``): a client starts from
+          ``total_weight_count`` (1 at first) and counts its uploads; each global iteration adds
+          the number of activation flushes so far to ``total_weight_count``.
+        * ``flushes``: 0 here (the flush counter applies at the flush).
+        """
+        mode = self.cfg.progress
+        if mode == "iterations":
+            return self.start_iteration[pid] * self.local_steps(pid) + self.progress_of[pid]
+        if mode == "uploads":
+            n = self.upload_count[pid]
+            self.upload_count[pid] = n + 1
+            return n
+        return 0
 
     def flush_activations(self) -> None:
         """Update the Gaussians, top up with generated activations, one server step (eq. 5; ZO-SGD with a ZO server)."""
         x = torch.cat([b[0] for b in self.activation_buffer])
         y = torch.cat([b[1] for b in self.activation_buffer])
+        progress = None if self.cfg.progress == "flushes" else \
+            torch.cat([torch.full((int(b[1].numel()),), b[2], dtype=torch.int64) for b in self.activation_buffer])
         self.activation_buffer = []
+        self.flushes += 1
         if self.gaussians is not None:
-            x, y, generated = top_up(self.gaussians, x, y, self.cfg.batch_size, self.generator, self.on_device)
+            x, y, generated = top_up(self.gaussians, x, y, self.cfg.batch_size, self.generator, self.on_device,
+                                     progress)
             self.generated_total += generated
         every = self.cfg.dissimilarity_every
         if every and self.server_updates % every == 0:
@@ -217,11 +256,13 @@ class GAS(SplitMixin, AsyncStrategy):
         if len(self.model_buffer) >= self.q_c:
             self.client_model.load_state_dict(average_uploads(self.model_buffer, self.aggregation_weight))
             self.model_buffer = []
+            self.upload_total += self.flushes
             self.end_global_iteration()
 
     def on_failure(self, partition_id: int, action: str, reason: str) -> None:
         """Drop the failed client's local round (and the momentum it was sent)."""
-        self.progress_of.pop(partition_id, None)
+        for counts in (self.progress_of, self.start_iteration, self.upload_count):
+            counts.pop(partition_id, None)
         if self.shared_momentum is not None:
             self.shared_momentum.forget(partition_id)
 

@@ -264,14 +264,25 @@ class LabelGaussians:
 
     # ----------------------------------------------------------------- update
     def update(
-        self, activations: torch.Tensor, labels: torch.Tensor, *, progress: int | None = None
+        self, activations: torch.Tensor, labels: torch.Tensor, *, progress: int | torch.Tensor | None = None
     ) -> None:
         """Fold one buffer flush into the statistics (eqs. 11-12).
 
         ``activations``: float [N, D] or [N, ...] (flattened to D); ``labels``:
-        integer [N]. The update counter n becomes ``progress`` if given (the
-        paper's per-activation progress, when the caller tracks it), else
-        n + 1; every activation of this flush gets the weight s(n).
+        integer [N]. ``progress`` is the training progress n(A):
+
+        * None: the update counter n + 1 (the flush counter); every
+          activation of this flush gets the weight s(n);
+        * an int n: every activation gets s(n), and the counter becomes n;
+        * an integer tensor [N] (every value >= 1): activation i gets
+          s(progress[i]), the paper's per-activation progress (GAS §"Dynamic
+          Weighted Update": "each activation has a different training
+          progress"); the counter becomes the largest. The flush is folded
+          per label as the weighted batch of eqs. 11-12, which equals
+          applying them to the activations one at a time.
+
+        Raises:
+            TypeError, ValueError: malformed activations, labels or progress.
         """
         if not isinstance(activations, torch.Tensor) or not isinstance(labels, torch.Tensor):
             raise TypeError("activations and labels must be torch tensors")
@@ -291,26 +302,52 @@ class LabelGaussians:
         labels = labels.to("cpu", torch.int64)
         if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.num_classes):
             raise ValueError(f"labels must lie in [0, {self.num_classes})")
-        n = self.num_updates + 1 if progress is None else _check_progress(progress)
+        if isinstance(progress, torch.Tensor):
+            per_row = progress.detach().to("cpu").reshape(-1)
+            if per_row.is_floating_point() or per_row.is_complex() or per_row.shape[0] != x.shape[0]:
+                raise ValueError(f"progress must be an integer tensor of {x.shape[0]} values")
+            if per_row.numel() and int(per_row.min()) < 1:
+                raise ValueError("training progress n must be >= 1")
+            n = max(self.num_updates, int(per_row.max())) if per_row.numel() else self.num_updates
+            log_s: float | torch.Tensor = self._log_weights(per_row)
+        else:
+            n = self.num_updates + 1 if progress is None else _check_progress(progress)
+            log_s = log_progress_weight(n, self.weighting)
         self.num_updates = n
         if labels.numel() == 0:
             return
-        log_s = log_progress_weight(n, self.weighting)
         # One stable sort groups the flush by label (ascending).
         order = torch.argsort(labels, stable=True)
         x = x.to("cpu")[order].to(WORK_DTYPE)
+        if isinstance(log_s, torch.Tensor):
+            log_s = log_s[order]
         counts = torch.bincount(labels, minlength=self.num_classes).tolist()
         start = 0
         for y, k in enumerate(counts):
             if k:
-                self._fold(self._states[y], x[start : start + k], log_s)
+                rows = log_s[start : start + k] if isinstance(log_s, torch.Tensor) else log_s
+                self._fold(self._states[y], x[start : start + k], rows)
                 start += k
 
-    def _fold(self, st: LabelState, xb: torch.Tensor, log_s: float) -> None:
+    def _log_weights(self, progress: torch.Tensor) -> torch.Tensor:
+        """log s(n) per row of an integer progress tensor, float64 [N]."""
+        logs = {int(n): log_progress_weight(int(n), self.weighting) for n in progress.unique().tolist()}
+        return torch.tensor([logs[int(n)] for n in progress.tolist()], dtype=WORK_DTYPE)
+
+    def _fold(self, st: LabelState, xb: torch.Tensor, log_s: float | torch.Tensor) -> None:
+        """Fold the rows ``xb`` [k, D] of one label, of log-weight ``log_s`` each (a float: all equal;
+        a float64 [k] tensor: one per row), into ``st`` (eqs. 11-12)."""
         k = xb.shape[0]
-        mu_b = xb.mean(dim=0)
-        dev = xb - mu_b  # [k, D]
-        log_wb = log_s + math.log(k)
+        if isinstance(log_s, torch.Tensor):  # per-row weights: p_i = w_i / W_b
+            log_wb = float(torch.logsumexp(log_s, dim=0))
+            p = torch.exp(log_s - log_wb).to(xb.dtype)
+            mu_b = p @ xb
+            dev = xb - mu_b
+        else:
+            p = None
+            mu_b = xb.mean(dim=0)
+            dev = xb - mu_b  # [k, D]
+            log_wb = log_s + math.log(k)
         if st.count == 0:
             a, b = 0.0, 1.0
             logw = log_wb
@@ -323,7 +360,7 @@ class LabelGaussians:
             delta = st.mean - mu_b
             st.mean = st.mean - b * delta  # = a*mu_old + b*mu_b      (eq. 11)
         if self.diagonal:
-            var_b = dev.square().mean(dim=0)
+            var_b = dev.square().mean(dim=0) if p is None else p @ dev.square()
             if st.count == 0:
                 st.var = var_b
             else:  # diagonal of eq. 12 for the merged set
@@ -336,10 +373,10 @@ class LabelGaussians:
                 if st.j:
                     st.sc[: st.j].mul_(math.sqrt(a))
                 if k > 1:  # a single activation has dev == 0
-                    self._append(st, dev, math.sqrt(b / k))
+                    self._append(st, dev, math.sqrt(b / k) if p is None else torch.sqrt(b * p))
                 self._append(st, delta.unsqueeze(0), math.sqrt(a * b))
             elif k > 1:
-                self._append(st, dev, math.sqrt(1.0 / k))
+                self._append(st, dev, math.sqrt(1.0 / k) if p is None else torch.sqrt(p))
             # before the first compression K may grow to D columns (K K^T
             # then has full rank anyway); this keeps runs that never get
             # there bit-identical to the earlier two-copy storage.
@@ -351,7 +388,7 @@ class LabelGaussians:
         st.count += k
         st.logw = logw
 
-    def _append(self, st: LabelState, rows: torch.Tensor, scale: float) -> None:
+    def _append(self, st: LabelState, rows: torch.Tensor, scale: float | torch.Tensor) -> None:
         m = rows.shape[0]
         need = st.j + m
         self._max_rows = max(self._max_rows, m)

@@ -247,6 +247,66 @@ def test_activation_buffer_flushes_at_qs_times_b(capture_server_steps):
     assert s.server_updates == 2 and len(capture_server_steps) == 2
 
 
+def _progress_seen(s):
+    """Wrap the strategy's Gaussians: the per-activation progress tensor of every update, as lists."""
+    seen = []
+    real = s.gaussians.update
+
+    def spy(x, y, progress=None):
+        seen.append(None if progress is None else progress.tolist())
+        return real(x, y, progress=progress)
+
+    s.gaussians.update = spy
+    return seen
+
+
+def test_progress_uploads_counts_as_the_authors_code():
+    """progress=uploads: GAS_main.py's weight_count. Clients start at total_weight_count (1), count
+    their uploads; a global iteration adds the flushes so far (2, then 3) to the total."""
+    s, _ = make_gas(progress="uploads", buffer_activations=2, buffer_models=2)
+    seen = _progress_seen(s)
+    s.launch(0), s.launch(1)
+    s.on_activations(0, *batch([0, 1, 2, 3], seed=1))  # n = 1 (client 0 then counts 2)
+    s.on_activations(1, *batch([4, 5, 6, 7], seed=2))  # n = 1: flush 1
+    s.on_activations(0, *batch([0, 1, 2, 3], seed=3))  # n = 2
+    s.on_activations(0, *batch([4, 5, 6, 7], seed=4))  # n = 3: flush 2
+    assert seen == [[1] * 8, [2] * 4 + [3] * 4]
+    s.on_upload(0, _filled(s, 1.0), 100)
+    s.on_upload(1, _filled(s, 1.0), 300)  # global iteration 1: total = 1 + 2 flushes = 3
+    assert s.upload_total == 3
+    s.launch(0)  # starts from 3; client 1 keeps counting from 2
+    s.on_activations(0, *batch([0, 1, 2, 3], seed=5))
+    s.on_activations(1, *batch([4, 5, 6, 7], seed=6))
+    assert seen[2] == [3] * 4 + [2] * 4
+    s.on_upload(0, _filled(s, 1.0), 100)
+    s.on_upload(1, _filled(s, 1.0), 300)
+    assert s.upload_total == 3 + 3
+
+
+def test_progress_iterations_is_the_papers_tE_plus_e():
+    """progress=iterations: n = tE + e, t the global iteration the client's model comes from, E = 10."""
+    s, _ = make_gas(progress="iterations", buffer_activations=2, buffer_models=2)
+    seen = _progress_seen(s)
+    s.launch(0), s.launch(1)
+    s.on_activations(0, *batch([0, 1, 2, 3], seed=1))
+    s.on_activations(0, *batch([4, 5, 6, 7], seed=2))
+    assert seen == [[1] * 4 + [2] * 4]
+    s.on_upload(0, _filled(s, 1.0), 100)
+    s.on_upload(1, _filled(s, 1.0), 300)
+    s.launch(0)  # from the model of global iteration 1
+    s.on_activations(0, *batch([0, 1, 2, 3], seed=3))  # 1 * 10 + 1
+    s.on_activations(1, *batch([4, 5, 6, 7], seed=4))  # 0 * 10 + 1
+    assert seen[1] == [11] * 4 + [1] * 4
+
+
+def test_progress_flushes_is_the_default():
+    s, _ = make_gas(buffer_activations=1)
+    seen = _progress_seen(s)
+    s.launch(0)
+    s.on_activations(0, *batch([0, 1, 2, 3], seed=1))
+    assert seen == [None] and s.gaussians.num_updates == 1
+
+
 def test_qs_defaults_to_concurrency():
     s, _ = make_gas(buffer_activations=0, buffer_models=0, num_clients=2, concurrency=2)
     assert (s.q_s, s.q_c) == (2, 2)

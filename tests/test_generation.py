@@ -108,6 +108,54 @@ def test_hand_worked_1d_two_updates(factor_dtype, tol):
     assert diag.covariance(0).item() == pytest.approx(2.75 + REG, abs=1e-12)
 
 
+@pytest.mark.parametrize("covariance", ["full", "diagonal"])
+def test_per_activation_progress_hand_worked(covariance):
+    """Per-row progress (GAS: "each activation has a different training progress"), s(n) = n."""
+    lg = LabelGaussians(1, 1, covariance=covariance, factor_dtype=torch.float64)
+    # weights 1, 3: mu = (1*0 + 3*4) / 4 = 3; Sigma = (1*9 + 3*1) / 4 = 3
+    lg.update(torch.tensor([[0.0], [4.0]]), torch.tensor([0, 0]), progress=torch.tensor([1, 3]))
+    assert lg.mean(0).item() == pytest.approx(3.0, abs=1e-12)
+    assert lg.covariance(0, regularised=False).item() == pytest.approx(3.0, abs=1e-12)
+    assert lg.num_updates == 3
+    # then weight 4 on 8: S = 8, mu = (12 + 32) / 8 = 5.5;
+    # Sigma = (1*5.5^2 + 3*1.5^2 + 4*2.5^2) / 8 = (30.25 + 6.75 + 25) / 8 = 7.75
+    lg.update(torch.tensor([[8.0]]), torch.tensor([0]), progress=torch.tensor([4]))
+    assert lg.mean(0).item() == pytest.approx(5.5, abs=1e-12)
+    assert lg.covariance(0, regularised=False).item() == pytest.approx(7.75, abs=1e-12)
+    assert lg.total_weight(0) == pytest.approx(8.0)
+
+
+def test_per_activation_progress_equals_one_at_a_time():
+    """A flush with mixed progress equals folding its activations one by one (3-d, two labels)."""
+    g = torch.Generator().manual_seed(5)
+    acts = torch.randn(12, 3, generator=g) * torch.tensor([1.0, 2.0, 3.0])
+    labels = torch.tensor([0, 1] * 6)
+    progress = torch.tensor([1, 2, 2, 5, 3, 3, 7, 1, 4, 4, 6, 2])
+    batch = LabelGaussians(2, 3, max_pending=2, factor_dtype=torch.float64)
+    batch.update(acts[:5], labels[:5], progress=progress[:5])
+    batch.update(acts[5:], labels[5:], progress=progress[5:])
+    single = LabelGaussians(2, 3, max_pending=2, factor_dtype=torch.float64)
+    for i in range(12):
+        single.update(acts[i:i + 1], labels[i:i + 1], progress=progress[i:i + 1])
+    for label in range(2):
+        torch.testing.assert_close(batch.mean(label), single.mean(label), rtol=0, atol=1e-12)
+        torch.testing.assert_close(batch.covariance(label), single.covariance(label), rtol=0, atol=1e-10)
+        w = progress[labels == label].double()
+        x = acts[labels == label].double()
+        mu = (w[:, None] * x).sum(0) / w.sum()
+        sig = ((w[:, None] * (x - mu)).T @ (x - mu)) / w.sum()
+        torch.testing.assert_close(batch.mean(label), mu, rtol=0, atol=1e-12)
+        torch.testing.assert_close(batch.covariance(label, regularised=False), sig, rtol=0, atol=1e-10)
+
+
+def test_per_activation_progress_rejects_bad_values():
+    lg = LabelGaussians(2, 1)
+    with pytest.raises(ValueError, match=">= 1"):
+        lg.update(torch.zeros(2, 1), torch.tensor([0, 1]), progress=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="integer tensor of 2"):
+        lg.update(torch.zeros(2, 1), torch.tensor([0, 1]), progress=torch.tensor([1]))
+
+
 @pytest.mark.parametrize("factor_dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-6)])
 def test_matches_paper_recursion_one_activation_at_a_time(factor_dtype, tol):
     """Eqs. 11-12 applied literally, activation by activation (float32 storage: to its rounding)."""
