@@ -13,7 +13,8 @@ only as a cache of what the state holds, so that no number changes:
 * **Models.** A node keeps one live full model per model slot store
   (:class:`LiveModel`); a message gets a segment of it that shares its
   modules. Each tensor is known to hold one stored record's values: the
-  ``Array.data`` (immutable bytes) it was loaded from or encoded into when
+  ``Array.data`` (immutable bytes; for a deferred array, its values:
+  :func:`~fl_app.protocol.value_token`) it was loaded from or encoded into when
   its weights were stored, or the initial weights. A tensor whose stored
   record is another object is loaded again, exactly as a fresh model loads
   it. While a message uses a tensor it counts as unknown; it is known again
@@ -50,25 +51,26 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from torch import nn
 
-from fl_app.protocol import record_tensor
+from fl_app.protocol import record_tensor, value_token
 
-#: ``(key, Array.data)`` pairs: the identities a cached object is checked against (None: no record).
+#: ``(key, value token)`` pairs: the identities a cached object is checked against (None: no record); a
+#: value token (:func:`~fl_app.protocol.value_token`) is ``Array.data`` or a deferred array's values.
 Datas = tuple[tuple[str, bytes], ...] | None
 
 
 def datas(record: ArrayRecord | None, keys: Iterable[str]) -> Datas:
-    """``(key, record[key].data)`` for ``keys``; None when there is no record."""
+    """``(key, value_token(record[key]))`` for ``keys``; None when there is no record."""
     if record is None:
         return None
-    return tuple((k, record[k].data) for k in keys)
+    return tuple((k, value_token(record[k])) for k in keys)
 
 
 def same(record: ArrayRecord | None, expected: Datas) -> bool:
-    """Whether ``record`` still holds exactly the ``Array.data`` objects of ``expected``."""
+    """Whether ``record`` still holds exactly the values (tokens) of ``expected``."""
     if record is None or expected is None:
         return record is None and expected is None
     for k, data in expected:
-        if k not in record or record[k].data is not data:
+        if k not in record or value_token(record[k]) is not data:
             return False
     return True
 
@@ -88,8 +90,9 @@ DIRTY = object()
 class LiveModel:
     """The live full model of one slot store of a node, tensor by tensor a copy of the stored weights.
 
-    ``equals[name]`` says which value tensor ``name`` holds: the ``Array.data``
-    (bytes) of a stored weight record it was loaded from or stored as,
+    ``equals[name]`` says which value tensor ``name`` holds: the value token
+    (:func:`~fl_app.protocol.value_token`: ``Array.data``, immutable bytes) of a
+    stored weight record it was loaded from or stored as,
     :data:`INITIAL`, or :data:`DIRTY` (unknown: in use, or left by a failed
     message). Segments are views sharing the full model's modules, kept per
     range so that a forward graph can be matched to its model by identity.
@@ -132,7 +135,7 @@ class Checkout:
         live: the live model.
         model: the segment.
         keys: its state keys, and ``tensors`` its tensors.
-        equals: what each of them holds (``Array.data`` or :data:`INITIAL`), updated by :meth:`LiveCache.stored`.
+        equals: what each of them holds (a value token or :data:`INITIAL`), updated by :meth:`LiveCache.stored`.
         since: the version counter of each tensor when ``equals`` was last established: a tensor
             updated in place after that (and not stored) no longer holds what ``equals`` says.
     """
@@ -220,7 +223,7 @@ class LiveCache:
         equals: dict[str, Any] = {}
         load: dict[str, torch.Tensor] = {}
         for k in keys:
-            want = stored[k].data if stored is not None else INITIAL
+            want = value_token(stored[k]) if stored is not None else INITIAL
             if live.equals[k] is not want:
                 load[k] = record_tensor(stored, k) if stored is not None else live.initial[k]
             equals[k] = want
@@ -244,7 +247,7 @@ class LiveCache:
         c = self.checked_out(model)
         if c is not None:
             for i, k in enumerate(c.keys):
-                c.equals[k] = record[k].data
+                c.equals[k] = value_token(record[k])
                 c.since[i] = c.tensors[i]._version  # noqa: SLF001
 
     # ------------------------------------------------------------------ graphs

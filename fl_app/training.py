@@ -8,6 +8,8 @@ messages (docs/design.md §4).
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -174,6 +176,15 @@ def backward_step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tens
     clip_and_step(model, opt, clip_norm)
 
 
+@functools.lru_cache(maxsize=32)
+def _epoch_permutation(seed: int, partition_id: int, epoch: int, n: int) -> np.ndarray:
+    """The order of a partition's ``n`` examples in one epoch, seeded by ``(seed, partition_id, epoch)``
+    (read-only; cached, since every batch of the epoch reads it)."""
+    perm = np.random.default_rng([seed, STREAM_SAMPLER, partition_id, epoch]).permutation(n)
+    perm.flags.writeable = False
+    return perm
+
+
 def sample_batch(task: Task, partition_id: int, sampler: ConfigRecord, batch_size: int) -> np.ndarray:
     """Next mini-batch of a client, without replacement within an epoch.
 
@@ -195,7 +206,7 @@ def sample_batch(task: Task, partition_id: int, sampler: ConfigRecord, batch_siz
     epoch, pos = int(sampler.get("epoch", 0)), int(sampler.get("pos", 0))
     if pos + batch_size > n:
         epoch, pos = epoch + 1, 0
-    perm = np.random.default_rng([task.seed, STREAM_SAMPLER, partition_id, epoch]).permutation(n)
+    perm = _epoch_permutation(task.seed, partition_id, epoch, n)
     batch = part[perm[pos:pos + batch_size]]
     sampler["epoch"], sampler["pos"] = epoch, pos + batch_size
     return batch.astype(np.int64)

@@ -48,8 +48,8 @@ def train_forward(msg: Message, context: Context) -> Message:
         record["start"], record["end"] = start, end
     else:
         acts, labels = P.array_of(msg.content, P.ACTIVATIONS), P.get_array(msg.content, P.LABELS)
-        x = node.on_device(P.record_tensor(acts, "x"))
-        y = node.on_device(P.record_tensor(labels, "y")) if labels is not None else None
+        x = node.on_device(P.record_input(acts, "x"))  # only computed on: no copy where none is needed
+        y = node.on_device(P.record_input(labels, "y")) if labels is not None else None
         # kept (and the labels passed on) as received: the bytes that re-encoding x and y gives
         inputs = {"x": P.canonical(acts["x"])} if labels is None else \
             {"x": P.canonical(acts["x"]), "y": P.canonical(labels["y"])}
@@ -83,7 +83,7 @@ def train_backward(msg: Message, context: Context) -> Message:
     slot = node.slot(cfg.slot, cfg.model_slot)
     start, end = slot.range
     model = slot.model(start, end)
-    grad = node.on_device(P.record_tensor(P.array_of(msg.content, P.GRADIENT), "g"))
+    grad = node.on_device(P.record_input(P.array_of(msg.content, P.GRADIENT), "g"))
     graph = None
     if node.live is not None:  # the forward pass's own graph, where it is exactly what recomputing gives
         graph = node.live.take_graph(slot.name, model, slot.batch, slot.array("input") if start > 0 else None)

@@ -13,7 +13,7 @@ docs/design.md §4. One home per message action:
 Everything public is re-exported here: ``from fl_app import protocol as P``.
 """
 
-from fl_app.protocol.codec import canonical, numpy_array, record_view, tensor_array
+from fl_app.protocol.codec import DeferredArray, canonical, numpy_array, record_view, tensor_array, value_token
 from fl_app.protocol.configs import (
     ActionConfig,
     BackwardConfig,
@@ -71,6 +71,7 @@ from fl_app.protocol.records import (
     get_config,
     record_bytes,
     record_state,
+    record_input,
     record_tensor,
     state_record,
     tensor_record,

@@ -8,6 +8,12 @@ shape, so :func:`encode_array` caches it per ``(dtype, shape)`` and
 :func:`decode_array` caches the parsed header per header bytes; the bytes
 written are exactly ``np.save``'s, and an unusual array (not C-contiguous,
 empty, object dtype) takes the plain ``np.save``/``np.load`` path.
+
+A fresh tensor (activations, gradients, an accumulator's sum) becomes a
+:class:`DeferredArray`: it writes those bytes only when ``data`` is first
+read, which the in-process engine never does (its readers take the values
+through :func:`view_array`); Ray and deployment read ``data`` to send the
+message, and get the same bytes.
 """
 
 from __future__ import annotations
@@ -22,6 +28,15 @@ from flwr.common.constant import SType
 _NPY_HEADERS: dict[tuple[np.dtype, tuple[int, ...]], bytes] = {}
 _NPY_PARSED: dict[bytes, tuple[np.dtype, tuple[int, ...], int]] = {}
 _NPY_MAGIC = b"\x93NUMPY"
+#: ``str(dtype)`` per dtype (``np.dtype.__str__`` is slow for a per-message cost)
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
 
 
 def encode_array(arr: np.ndarray) -> Array:
@@ -36,7 +51,85 @@ def encode_array(arr: np.ndarray) -> Array:
             _NPY_HEADERS[key] = full.data[:len(full.data) - arr.nbytes]
         return full
     data = b"".join((header, arr.data)) if arr.ndim else header + arr.tobytes()  # one copy
-    return Array(dtype=str(arr.dtype), shape=tuple(arr.shape), stype=SType.NUMPY, data=data)
+    return Array(dtype=_dtype_name(arr.dtype), shape=tuple(arr.shape), stype=SType.NUMPY, data=data)
+
+
+class DeferredArray(Array):
+    """An :class:`~flwr.app.Array` of a fresh NumPy array whose ``.npy`` bytes are written on first read.
+
+    ``dtype``, ``shape`` and ``stype`` are set at once; ``data`` is
+    :func:`encode_array`'s bytes, written (and kept) when first read, so the
+    object is indistinguishable from ``encode_array(values)`` to Flower
+    (serialisation, object ids, ``numpy()``) and pickles as a plain Array.
+    :func:`view_array` reads the values without writing the bytes.
+
+    The values must not change afterwards: ``tensor`` (when given: the tensor
+    that ``values`` views) is checked by its autograd version counter.
+
+    Args:
+        values: a C-contiguous, non-empty, non-object array [any shape].
+        tensor: the CPU tensor ``values`` shares memory with, or None.
+
+    Raises:
+        RuntimeError: on reading, the tensor was updated in place since (a bug in the caller).
+    """
+
+    def __init__(self, values: np.ndarray, tensor: torch.Tensor | None = None) -> None:  # noqa: D107
+        d = self.__dict__
+        d["_is_dirty"] = True
+        d["dtype"], d["shape"], d["stype"] = _dtype_name(values.dtype), tuple(values.shape), SType.NUMPY
+        d["_values"], d["_tensor"] = values, tensor
+        d["_version"] = tensor._version if tensor is not None else 0  # noqa: SLF001
+
+    def tensor(self) -> torch.Tensor:
+        """The values as a tensor sharing their memory (a new tensor object, not to be changed in place)."""
+        tensor = self.__dict__["_tensor"]
+        if tensor is None:
+            return torch.from_numpy(self.values())
+        self.values()  # checked unchanged
+        return tensor.detach()
+
+    def values(self) -> np.ndarray:
+        """The array's values (read-only use), checked unchanged."""
+        tensor = self.__dict__["_tensor"]
+        if tensor is not None and tensor._version != self.__dict__["_version"]:  # noqa: SLF001
+            raise RuntimeError("a tensor sent in a message was changed in place before it was encoded")
+        return self.__dict__["_values"]
+
+    @property
+    def data(self) -> bytes:  # type: ignore[override]
+        """The ``.npy`` bytes (:func:`encode_array`'s), written on first read."""
+        data = self.__dict__.get("_data")
+        if data is None:
+            data = self.__dict__["_data"] = encode_array(self.values()).data
+        return data
+
+    @data.setter
+    def data(self, value: bytes) -> None:
+        self.__dict__["_data"] = value
+        self.__dict__["_tensor"] = None
+        self.__dict__["_values"] = view_array(Array(dtype=self.dtype, shape=tuple(self.shape), stype=self.stype,
+                                                    data=value))
+
+    def deflate(self) -> bytes:
+        """Flower's serialised form of the plain Array of these bytes (the receiver inflates an Array)."""
+        return _plain_array(self.dtype, tuple(self.shape), self.stype, self.data).deflate()
+
+    def __reduce__(self):  # pickles as a plain Array, bytes written
+        return (_plain_array, (self.dtype, tuple(self.shape), self.stype, self.data))
+
+
+def _plain_array(dtype: str, shape: tuple[int, ...], stype: str, data: bytes) -> Array:
+    """An :class:`~flwr.app.Array` of these fields (unpickling a :class:`DeferredArray`)."""
+    return Array(dtype=dtype, shape=shape, stype=stype, data=data)
+
+
+def value_token(array: Array) -> object:
+    """An object that stands for ``array``'s values as long as it is alive: ``array.data`` (immutable
+    bytes), or a :class:`DeferredArray`'s values, whose bytes need not be written for it."""
+    if type(array) is DeferredArray:
+        return array.__dict__["_values"]
+    return array.data
 
 
 def decode_array(array: Array) -> np.ndarray:
@@ -47,6 +140,8 @@ def decode_array(array: Array) -> np.ndarray:
 
 def view_array(array: Array) -> np.ndarray | None:
     """A read-only view of ``array``'s values on its bytes (no copy), or None for an unusual array."""
+    if type(array) is DeferredArray:
+        return array.values()
     data = array.data
     if array.stype == SType.NUMPY and data[:6] == _NPY_MAGIC and len(data) > 12:
         if data[6] == 1:
@@ -91,13 +186,24 @@ def _parse_header(header: bytes, payload: int) -> tuple[np.dtype, tuple[int, ...
 
 
 def tensor_array(tensor: torch.Tensor) -> Array:
-    """One tensor (any dtype, any shape) as an :class:`~flwr.app.Array` (``.npy`` bytes)."""
-    return encode_array(tensor.detach().cpu().contiguous().numpy())
+    """One tensor (any dtype, any shape) as an :class:`~flwr.app.Array` (``.npy`` bytes).
+
+    The tensor must not be changed in place afterwards (a :class:`DeferredArray` may still read it;
+    checked when it does)."""
+    t = tensor.detach().cpu().contiguous()
+    values = t.numpy()
+    if values.dtype.hasobject or values.size == 0:
+        return encode_array(values)
+    return DeferredArray(values, t)
 
 
 def numpy_array(arr: np.ndarray) -> Array:
-    """One NumPy array as an :class:`~flwr.app.Array`, the bytes :func:`tensor_array` writes for it."""
-    return encode_array(np.ascontiguousarray(arr))
+    """One fresh NumPy array as an :class:`~flwr.app.Array`, the bytes :func:`tensor_array` writes for it
+    (the array must not be changed afterwards)."""
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.hasobject or arr.size == 0:
+        return encode_array(arr)
+    return DeferredArray(arr)
 
 
 def record_view(record: ArrayRecord, name: str) -> np.ndarray:
@@ -114,6 +220,8 @@ def canonical(array: Array) -> Array:
     Lets a record keep or pass on arrays it received without a decode and
     encode round trip, and without changing a byte.
     """
+    if type(array) is DeferredArray:
+        return array
     if array.stype == SType.NUMPY:
         try:
             dtype = np.dtype(array.dtype)

@@ -63,6 +63,13 @@ class ActionConfig:
             ValueError: an unknown key, or a value that cannot be converted to its field's type.
         """
         given = dict(record.items()) if record else {}
+        try:  # the strategies send the same configs over and over: decoded once (the classes are frozen)
+            key = (cls, tuple(given.items()), tuple(map(type, given.values())))  # typed: True == 1 == 1.0
+            hit = _DECODED.get(key)
+        except TypeError:  # a list value (a tuple field): not cached
+            key, hit = None, None
+        if hit is not None:
+            return hit
         fields = _fields(cls)
         unknown = given.keys() - fields.keys()
         if unknown:
@@ -76,7 +83,16 @@ class ActionConfig:
                 values[name] = kind(raw)
             else:  # tuple[float, ...]
                 values[name] = tuple(float(v) for v in raw)
-        return cls(**values)
+        config = cls(**values)
+        if key is not None:
+            if len(_DECODED) >= 1024:
+                _DECODED.clear()
+            _DECODED[key] = config
+        return config
+
+
+#: ``(class, record items) -> config`` of recently decoded records (see :meth:`ActionConfig.from_record`)
+_DECODED: dict[tuple, Any] = {}
 
 
 @functools.cache

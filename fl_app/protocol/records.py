@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from fl_app.protocol.codec import decode_array, encode_array, tensor_array
+from fl_app.protocol.codec import DeferredArray, decode_array, encode_array, tensor_array
 
 R = TypeVar("R", ArrayRecord, ConfigRecord)
 
@@ -40,6 +40,18 @@ def tensor_record(name: str, tensor: torch.Tensor) -> ArrayRecord:
 def record_tensor(record: ArrayRecord, name: str) -> torch.Tensor:
     """The tensor stored by :func:`tensor_record` (a fresh, writable copy)."""
     return torch.from_numpy(decode_array(record[name]))
+
+
+def record_input(record: ArrayRecord, name: str) -> torch.Tensor:
+    """The tensor stored by :func:`tensor_record`, for reading only: the sender's tensor itself where it
+    is a :class:`~fl_app.protocol.codec.DeferredArray` (in-process: no copy), else a fresh copy.
+
+    The caller must not change it in place (a relayed input or gradient that is only computed on).
+    """
+    array = record[name]
+    if type(array) is DeferredArray:
+        return array.tensor()
+    return torch.from_numpy(decode_array(array))
 
 
 def state_record(state: Mapping[str, torch.Tensor]) -> ArrayRecord:
