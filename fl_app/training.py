@@ -222,8 +222,9 @@ def load_batch(task: Task, partition_id: int, indices: Iterable[int], step: int)
     Returns:
         ``(x, y)``: float32 ``[B, C, H, W]`` and int64 ``[B]``.
     """
-    gen = seeded_generator(task.seed, STREAM_AUGMENT, partition_id, step)
-    return task.data.train_batch(np.asarray(list(indices), dtype=np.int64), gen)
+    gen = seeded_generator(task.seed, STREAM_AUGMENT, partition_id, step) if task.data.augment else None
+    idx = indices if isinstance(indices, np.ndarray) else np.asarray(list(indices))
+    return task.data.train_batch(idx.astype(np.int64, copy=False), gen)
 
 
 def next_batch(task: Task, partition_id: int, sampler: ConfigRecord, batch_size: int,

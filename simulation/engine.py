@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 import uuid
@@ -71,6 +72,8 @@ class InProcessGrid(Grid):
                 run_id=1, node_id=int(nid), node_config=node_config, state=RecordDict(), run_config={},
             )
         self._replies: dict[str, Message] = {}
+        #: message ids: a random prefix per grid (a restored checkpoint's replies keep their ids) and a counter
+        self._id_prefix, self._ids = f"{uuid.uuid4().hex}-", itertools.count()
         self._run = Run.create_empty(1)
         self.client_seconds = 0.0
 
@@ -96,7 +99,7 @@ class InProcessGrid(Grid):
         """Execute each message on its node now; keep the reply for :meth:`pull_messages`."""
         ids = []
         for msg in messages:
-            msg_id = str(uuid.uuid4())
+            msg_id = f"{self._id_prefix}{next(self._ids)}"  # unique in this grid, and across grids
             msg.metadata.__dict__["_message_id"] = msg_id
             msg.metadata.__dict__["_run_id"] = self._run.run_id
             ctx = self.contexts[msg.metadata.dst_node_id]

@@ -97,3 +97,25 @@ def test_all_finite(dtype):
     big = np.full(100, np.finfo(dtype).max / 2, dtype=dtype)
     assert _all_finite(big)
     assert _all_finite(np.zeros(0, dtype=dtype))
+
+
+def test_record_helpers_build_what_flowers_constructors_build():
+    """array_record / record_dict / set_record store the records themselves, as Flower's own API would."""
+    x = P.tensor_array(torch.arange(4, dtype=torch.float32))
+    fast = P.array_record({"x": x})
+    slow = ArrayRecord()
+    slow["x"] = x
+    assert dict(fast.items()) == dict(slow.items()) and fast["x"] is x
+    assert fast.is_dirty and fast.object_id == slow.object_id
+    cfg = ConfigRecord({"a": 1})
+    content = P.record_dict({"acts": fast, "cfg": cfg})
+    assert content["acts"] is fast and content["cfg"] is cfg
+    assert content.object_id == RecordDict({"acts": slow, "cfg": ConfigRecord({"a": 1})}).object_id
+    P.set_record(content, "cfg", ConfigRecord({"a": 2}))
+    assert content["cfg"]["a"] == 2 and len(content) == 2
+    with pytest.raises(TypeError):
+        P.array_record({"x": np.zeros(2)})
+    with pytest.raises(TypeError):
+        P.record_dict({1: cfg})
+    with pytest.raises(TypeError):
+        P.set_record(content, "z", {"a": 1})

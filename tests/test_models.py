@@ -806,3 +806,41 @@ def test_init_seed_sets_the_initial_weights_alone(tmp_path, capsys):
     assert not torch.equal(next(other.build_model().parameters()), next(a.build_model().parameters()))
     assert main(cli_args({"init-seed": -2, "output-dir": tmp_path / "x"})) == 2
     assert "init-seed must be >= 0, or -1" in capsys.readouterr().err
+
+
+def test_draws_random_knows_dropout_and_doubts_unknown_modules():
+    """A model with only known deterministic layers draws nothing (no seed, no forked RNG); dropout or an
+    unknown module type counts as drawing."""
+    from torch import nn
+
+    from fl_app.models import draws_random
+
+    plain = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(), nn.Linear(8, 2))
+    assert not draws_random(plain)
+    assert draws_random(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.1)))
+
+    class Noisy(nn.Module):
+        def forward(self, x):
+            return x + torch.randn_like(x)
+
+    assert draws_random(nn.Sequential(nn.Linear(2, 2), Noisy()))
+    state = torch.random.get_rng_state()
+    plain(torch.zeros(1, 1, 6, 6))
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_shipped_models_said_not_to_draw_leave_the_rng_alone(name):
+    """Every shipped model that draws_random calls deterministic leaves the torch RNG untouched in a
+    training forward pass (and the ones with dropout are said to draw)."""
+    from fl_app.models import draws_random
+
+    shape = (3, 32, 32) if name in ("vgg16", "resnet18", "vit-small") else (1, 28, 28)
+    model = build_model(name, shape, 10, seed=0)
+    has_dropout = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
+    if has_dropout:
+        assert draws_random(model)
+    if not draws_random(model):
+        state = torch.random.get_rng_state()
+        model(torch.zeros(2, *shape))
+        assert torch.equal(torch.random.get_rng_state(), state)

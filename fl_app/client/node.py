@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import torch
+from torch import nn
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fl_app import protocol as P
@@ -24,7 +25,7 @@ from fl_app.config import RunConfig
 from fl_app.device import resolve_device, to_device
 from fl_app.errors import ConfigError
 from fl_app.live import live_cache
-from fl_app.models import BlockModel
+from fl_app.models import BlockModel, draws_random
 from fl_app.task import Task, load_device_task, load_task
 from fl_app.training import next_batch
 from fl_app.zo import zo_seed
@@ -88,8 +89,10 @@ class Node:
         x, y = self.on_device(x), self.on_device(y)
         return ConfigRecord({"indices": idx.tolist(), "step": step}), x, y
 
-    def forward_seed(self) -> int:
-        """A fresh dropout seed for a training forward pass, from ``(seed, partition, counter)``.
+    def forward_seed(self, model: nn.Module | None = None) -> int | None:
+        """A fresh dropout seed for a training forward pass of ``model``, from ``(seed, partition, counter)``;
+        None for a model that draws no random numbers (:func:`~fl_app.models.draws_random`; the counter
+        counts the pass all the same). Without a model (a local training loop): always a seed.
 
         Stored in the slot's batch record, so that ``train.backward``
         recomputes the forward pass with the same dropout masks.
@@ -97,20 +100,30 @@ class Node:
         rec = self.config(RNG_KEY)
         count = int(rec.get("forwards", 0))
         rec["forwards"] = count + 1
+        if model is not None and not draws_random(model):
+            return None
         return zo_seed(self.task.seed, STREAM_DROPOUT, self.partition_id, count)
+
+    def remember_batch(self, slot: Slot, record: ConfigRecord, model: nn.Module) -> int | None:
+        """Store ``record`` as ``slot``'s batch with the forward pass's dropout seed (see :meth:`forward_seed`,
+        left out when None); the seed."""
+        seed = self.forward_seed(model)
+        if seed is not None:
+            record[RNG_SEED] = seed
+        slot.put("batch", record)
+        return seed
 
     def forward(self, slot: Slot, model: BlockModel, start: int, end: int, batch_size: int) -> RecordDict:
         """Sample the next own batch, run blocks ``[start, end)``, remember the batch (and its dropout seed)."""
         record, x, y = self.sample(batch_size)
         record["start"], record["end"] = start, end
-        record[RNG_SEED] = seed = self.forward_seed()
-        slot.put("batch", record)
+        seed = self.remember_batch(slot, record, model)
         acts = slot.run_forward(model, x, seed, start)
-        return RecordDict({P.ACTIVATIONS: P.tensor_record("x", acts), P.LABELS: P.tensor_record("y", y)})
+        return P.record_dict({P.ACTIVATIONS: P.tensor_record("x", acts), P.LABELS: P.tensor_record("y", y)})
 
     def weights_reply(self, model: BlockModel) -> RecordDict:
         """The slot's weights and this node's example count."""
-        return RecordDict({
+        return P.record_dict({
             P.WEIGHTS: P.state_record(model.state_dict()),
             P.INFO: ConfigRecord({P.INFO_NUM_EXAMPLES: self.task.num_examples(self.partition_id)}),
         })
@@ -127,7 +140,7 @@ class Node:
         else:
             extra = RecordDict() if content else acknowledgement()
         for key, record in extra.items():
-            content[key] = record
+            P.set_record(content, key, record)
         return content
 
     def full_model(self, content: RecordDict) -> BlockModel:
@@ -151,7 +164,7 @@ def node_and_config(msg: Message, context: Context, config_type: type[C]) -> tup
 
 def acknowledgement() -> RecordDict:
     """The reply content that only says the message was applied (``info.ok``)."""
-    return RecordDict({P.INFO: ConfigRecord({P.INFO_OK: True})})
+    return P.record_dict({P.INFO: ConfigRecord({P.INFO_OK: True})})
 
 
 #: Recent task records (snapshots of their contents), their RunConfig and task, newest first (see :func:`_task_of`).
@@ -165,8 +178,27 @@ def _task_of(record: ConfigRecord) -> tuple[RunConfig, Task]:
     relay message's compute, so the configurations (and their tasks, from
     :func:`~fl_app.task.load_task`) of the last few task records are kept,
     matched by the records' contents, not their identity: a node whose state
-    was copied (Ray, deployment) gets what a fresh computation gives.
+    was copied (Ray, deployment) gets what a fresh computation gives. A
+    record seen before (in-process, the same object in every message) is
+    found by its identity first.
     """
+    hit = _TASK_RECORDS.get(id(record))
+    if hit is not None and hit[0] is record:  # a record read before (a node's state kept in-process)
+        return hit[1], hit[2]
+    cfg, task = _task_of_contents(record)
+    if len(_TASK_RECORDS) >= 64:
+        _TASK_RECORDS.clear()
+    _TASK_RECORDS[id(record)] = (record, cfg, task)
+    return cfg, task
+
+
+#: ``id(record) -> (record, RunConfig, Task)`` of the task records :func:`_task_of` read (kept alive, so
+#: ids stay unique; a handshake writes a new record, and nothing changes one after)
+_TASK_RECORDS: dict[int, tuple[ConfigRecord, RunConfig, Task]] = {}
+
+
+def _task_of_contents(record: ConfigRecord) -> tuple[RunConfig, Task]:
+    """:func:`_task_of` by the record's contents."""
     values = dict(record.items())
     for snapshot, cfg, task in _CONFIGS:
         if snapshot == values:

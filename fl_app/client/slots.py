@@ -11,6 +11,7 @@ applies gradients: stepped at once, or accumulated (weighted) for a later
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -62,7 +63,7 @@ class Slot:
             stored = self.array(part)
             if stored is not None and not set(stored.keys()) <= set(record.keys()):
                 record = P.array_record({**{k: stored[k] for k in stored.keys()}, **{k: record[k] for k in record.keys()}})
-        self.node.state[self._key(part)] = record
+        P.set_record(self.node.state, self._key(part), record)
 
     def drop(self, *parts: str) -> None:
         """Remove records of the slot (absent ones are ignored)."""
@@ -114,8 +115,9 @@ class Slot:
         if self.node.live is not None:
             self.node.live.stored(model, self.array("weights"))
 
-    def run_forward(self, model: BlockModel, x: torch.Tensor, seed: int, start: int) -> torch.Tensor:
-        """The training forward pass of the slot's stored batch (stored first), without its gradient.
+    def run_forward(self, model: BlockModel, x: torch.Tensor, seed: int | None, start: int) -> torch.Tensor:
+        """The training forward pass of the slot's stored batch (stored first), without its gradient
+        (``seed``: its dropout seed, None for a model that draws none).
 
         Under ``no_grad``; or, where the node keeps live objects
         (:mod:`fl_app.live`), with autograd on, keeping the graph for the
@@ -158,7 +160,7 @@ class Slot:
         """After ``backward()``: accumulate ``weight``·grad, or step at once."""
         if cfg.accumulate:
             self.put("accum", accumulate_gradients(model, self.array("accum"), cfg.weight))
-            if any(True for _ in model.buffers()):
+            if _has_buffers(model):
                 # keep the BatchNorm running statistics this forward pass updated
                 self.store_weights(model)
             return
@@ -177,3 +179,15 @@ class Slot:
         record = self.array("input")
         labels = self.node.on_device(P.record_tensor(record, "y")) if "y" in record else None
         return self.node.on_device(P.record_tensor(record, "x")), labels
+
+
+#: model -> whether it has buffers (BatchNorm statistics), per model object (modules never gain buffers here)
+_BUFFERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _has_buffers(model: BlockModel) -> bool:
+    """Whether ``model`` has buffers (cached per model object: a live segment runs every step)."""
+    has = _BUFFERS.get(model)
+    if has is None:
+        has = _BUFFERS[model] = any(True for _ in model.buffers())
+    return has

@@ -13,7 +13,7 @@ and stepped at once, or accumulated (weighted) for a later ``train.step``.
 from __future__ import annotations
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from torch import nn
 
 from fl_app import protocol as P
@@ -55,11 +55,10 @@ def train_forward(msg: Message, context: Context) -> Message:
             {"x": P.canonical(acts["x"]), "y": P.canonical(labels["y"])}
         slot.put("input", P.array_record(inputs))
         record = ConfigRecord({"start": start, "end": end})
-    record[RNG_SEED] = seed = node.forward_seed()
-    slot.put("batch", record)
+    seed = node.remember_batch(slot, record, model)
     if plan.replies_activations:
         out = slot.run_forward(model, x, seed, start)
-        content = RecordDict({P.ACTIVATIONS: P.tensor_record("x", out)})
+        content = P.record_dict({P.ACTIVATIONS: P.tensor_record("x", out)})
         if plan.replies_labels(y is not None):
             content[P.LABELS] = P.tensor_record("y", y) if plan.own_data else P.array_record({"y": inputs["y"]})
         return Message(content, reply_to=msg)
@@ -71,7 +70,7 @@ def train_forward(msg: Message, context: Context) -> Message:
         loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     slot.apply_gradients(model, cfg)
-    content = RecordDict({**_input_gradient_record(x, start),
+    content = P.record_dict({**_input_gradient_record(x, start),
                           P.INFO: ConfigRecord({P.INFO_LOSS: float(loss.detach())})})
     return Message(content, reply_to=msg)
 
@@ -105,7 +104,7 @@ def train_backward(msg: Message, context: Context) -> Message:
             slot.put("optimizer", shared)
     slot.apply_gradients(model, cfg)
 
-    content = RecordDict(_input_gradient_record(x, start))
+    content = P.record_dict(_input_gradient_record(x, start))
     if shared is not None:
         content[P.OPTIMIZER] = slot.array("optimizer")
     content = node.reply_after_update(model, cfg.next, lambda: node.forward(slot, model, start, end, cfg.batch_size),

@@ -23,7 +23,9 @@ slots** (:data:`fl_app.protocol.OWN_SLOT` for its own client-side model,
 ``slot.<name>.batch``      Config  ``start``, ``end`` of the slot's range;
                                    for own data ``indices`` and ``step`` of
                                    the batch last forwarded; ``rng-seed``,
-                                   the dropout seed of the last forward;
+                                   the dropout seed of the last forward
+                                   (absent: the model draws no random
+                                   numbers);
                                    ``zo-seeds``, the ZO direction seeds
 ``rng``                    Config  ``forwards``: training forward passes so
                                    far (draws the dropout seeds)

@@ -67,9 +67,13 @@ class ImageDataset:
 
     def _normalise(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 ``[B, C, H, W]`` -> float32 ``(x/255 - mean) / std``."""
-        c = x.shape[1]
-        mean = torch.tensor(self.mean, dtype=torch.float32).view(1, c, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32).view(1, c, 1, 1)
+        scale = self.__dict__.get("_scale")  # (mean, std) as [1, C, 1, 1] tensors, built once
+        if scale is None:
+            c = x.shape[1]
+            scale = (torch.tensor(self.mean, dtype=torch.float32).view(1, c, 1, 1),
+                     torch.tensor(self.std, dtype=torch.float32).view(1, c, 1, 1))
+            object.__setattr__(self, "_scale", scale)
+        mean, std = scale
         return (x.to(torch.float32).div_(255.0) - mean).div_(std)
 
     def train_batch(

@@ -34,7 +34,7 @@ from torch import nn
 
 from fl_app.errors import ConfigError
 from fl_app.models.alexnet import alexnet, alexnet17, alexnet_gas
-from fl_app.models.blocks import BlockModel, fixed_rng, split_model
+from fl_app.models.blocks import BlockModel, draws_random, fixed_rng, split_model
 from fl_app.models.init import INITS, initialise
 from fl_app.models.lenet import lenet5, lenet5_ringsfl
 from fl_app.models.profiling import BlockProfile, profile_blocks, segment_profile
@@ -55,6 +55,7 @@ __all__ = [
     "split_model",
     "profile_blocks",
     "segment_profile",
+    "draws_random",
     "fixed_rng",
 ]
 

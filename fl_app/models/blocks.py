@@ -18,6 +18,7 @@ and :func:`linear_blocks` (a classifier of one layer per block).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -123,6 +124,31 @@ def split_model(model: BlockModel, cut: int) -> tuple[BlockModel, BlockModel]:
             f"cut-layer {cut} out of range for {model.model_name} ({n} blocks): choose 1..{n - 1}"
         )
     return model.segment(0, cut), model.segment(cut, n)
+
+
+#: Module types whose forward pass draws nothing from the torch RNG (exact types: a subclass may).
+NON_RANDOM_MODULES: frozenset[type] = frozenset({
+    BlockModel, nn.ModuleDict, nn.ModuleList, nn.Sequential, nn.Identity, nn.Flatten,
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear,
+    nn.ReLU, nn.GELU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU,
+    nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm,
+})
+_DRAWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def draws_random(model: nn.Module) -> bool:
+    """Whether a forward pass of ``model`` may draw from the torch RNG (dropout masks).
+
+    False only when every module is of a type in :data:`NON_RANDOM_MODULES`;
+    any other module (dropout, or one this list does not know) counts as
+    drawing. Such a model needs no seed and no :func:`fixed_rng`: its
+    outputs are the same without them. Cached per model object.
+    """
+    draws = _DRAWS.get(model)
+    if draws is None:
+        draws = _DRAWS[model] = any(type(m) not in NON_RANDOM_MODULES for m in model.modules())
+    return draws
 
 
 @contextlib.contextmanager

@@ -70,9 +70,11 @@ from fl_app.protocol.records import (
     get_array,
     get_config,
     record_bytes,
+    record_dict,
     record_state,
     record_input,
     record_tensor,
+    set_record,
     state_record,
     tensor_record,
 )

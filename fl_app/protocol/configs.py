@@ -62,6 +62,10 @@ class ActionConfig:
         Raises:
             ValueError: an unknown key, or a value that cannot be converted to its field's type.
         """
+        if record is not None:  # the very record decoded before (strategies send their config records as built)
+            hit = _BY_RECORD.get(id(record))
+            if hit is not None and hit[0] is record and hit[1] is cls:
+                return hit[2]
         given = dict(record.items()) if record else {}
         try:  # the strategies send the same configs over and over: decoded once (the classes are frozen)
             key = (cls, tuple(given.items()), tuple(map(type, given.values())))  # typed: True == 1 == 1.0
@@ -69,6 +73,7 @@ class ActionConfig:
         except TypeError:  # a list value (a tuple field): not cached
             key, hit = None, None
         if hit is not None:
+            _remember(record, cls, hit)
             return hit
         fields = _fields(cls)
         unknown = given.keys() - fields.keys()
@@ -88,11 +93,27 @@ class ActionConfig:
             if len(_DECODED) >= 1024:
                 _DECODED.clear()
             _DECODED[key] = config
+        _remember(record, cls, config)
         return config
 
 
 #: ``(class, record items) -> config`` of recently decoded records (see :meth:`ActionConfig.from_record`)
 _DECODED: dict[tuple, Any] = {}
+#: ``id(record) -> (record, class, config)``: the ConfigRecords decoded last (kept alive, so ids stay unique)
+_BY_RECORD: dict[int, tuple[Any, type, Any]] = {}
+
+
+def _remember(record: Mapping[str, Any] | None, cls: type, config: Any) -> None:
+    """Keep ``record``'s decoding for its next :meth:`ActionConfig.from_record` (a ConfigRecord only).
+
+    Config records are not changed after they are sent: a strategy builds
+    each config's record once and sends it many times
+    (:meth:`ActionConfig.to_record` caches it), and a handler only reads it.
+    """
+    if isinstance(record, ConfigRecord):
+        if len(_BY_RECORD) >= 256:
+            _BY_RECORD.clear()
+        _BY_RECORD[id(record)] = (record, cls, config)
 
 
 @functools.cache

@@ -13,11 +13,24 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fl_app.protocol.codec import DeferredArray, decode_array, encode_array, tensor_array
 
 R = TypeVar("R", ArrayRecord, ConfigRecord)
+
+
+def _item_store(record: object) -> dict | None:
+    """The plain dict in which a Flower record keeps its items (flwr 1.41's ``TypedDict._data``), or None.
+
+    Flower checks the type of every key and value it stores with two
+    ``typing.cast(Callable[...])`` calls, each building a generic alias: about
+    as slow as the rest of a small relay message's bookkeeping. The helpers
+    below make the same checks themselves and store into this dict; with any
+    other layout (None) they use the records' own ``__setitem__``.
+    """
+    store = record.__dict__.get("_data")
+    return store if type(store) is dict else None
 
 
 def array_record(arrays: Mapping[str, Array]) -> ArrayRecord:
@@ -25,11 +38,50 @@ def array_record(arrays: Mapping[str, Array]) -> ArrayRecord:
 
     ``ArrayRecord(dict)`` copies every :class:`~flwr.app.Array` (the same
     fields, the same bytes): a cost on the relay path and nothing more.
+
+    Raises:
+        TypeError: a key that is not a ``str`` or a value that is not an Array.
     """
     record = ArrayRecord()
+    store = _item_store(record)
     for name, array in arrays.items():
-        record[name] = array
+        if store is None:
+            record[name] = array
+            continue
+        if not isinstance(name, str) or not isinstance(array, Array):
+            raise TypeError(f"an ArrayRecord maps str to Array, not {type(name).__name__} to {type(array).__name__}")
+        store[name] = array
+    record.is_dirty = True  # as ArrayRecord.__setitem__ marks it
     return record
+
+
+def record_dict(records: Mapping[str, ArrayRecord | ConfigRecord | MetricRecord]) -> RecordDict:
+    """``RecordDict(records)``, the records themselves (see :func:`_item_store`).
+
+    Raises:
+        TypeError: a key that is not a ``str`` or a value that is not a record.
+    """
+    content = RecordDict()
+    for key, record in records.items():
+        set_record(content, key, record)
+    return content
+
+
+def set_record(content: RecordDict, key: str, record: ArrayRecord | ConfigRecord | MetricRecord) -> None:
+    """``content[key] = record`` (see :func:`_item_store`); Flower's own path where it would warn (a key's
+    record replaced by one of another type).
+
+    Raises:
+        TypeError: a key that is not a ``str`` or a value that is not a record.
+    """
+    store = _item_store(content)
+    old = store.get(key) if store is not None else None
+    if store is None or (old is not None and type(old) is not type(record)):
+        content[key] = record
+        return
+    if not isinstance(key, str) or not isinstance(record, (ArrayRecord, ConfigRecord, MetricRecord)):
+        raise TypeError(f"a RecordDict maps str to records, not {type(key).__name__} to {type(record).__name__}")
+    store[key] = record
 
 
 def tensor_record(name: str, tensor: torch.Tensor) -> ArrayRecord:

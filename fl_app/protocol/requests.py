@@ -26,7 +26,7 @@ from fl_app.protocol.configs import (
     ZOForwardConfig,
     ZOUpdateConfig,
 )
-from fl_app.protocol.records import array_of, tensor_record
+from fl_app.protocol.records import array_of, record_dict, set_record, tensor_record
 
 
 class RelayTag(NamedTuple):
@@ -47,10 +47,10 @@ class RelayTag(NamedTuple):
 
 def content(config: ActionConfig, **records: ArrayRecord | ConfigRecord | None) -> RecordDict:
     """A message's content: ``config`` under ``config``, then each record given (None: left out)."""
-    out = RecordDict({K.CONFIG: config.record()})
+    out = record_dict({K.CONFIG: config.record()})
     for key, record in records.items():
         if record is not None:
-            out[key] = record
+            set_record(out, key, record)
     return out
 
 
@@ -70,7 +70,7 @@ def backward(config: BackwardConfig, gradient: torch.Tensor | RecordDict, *,
     hop's reply whose ``gradient`` record is relayed as it is; ``optimizer`` replaces the slot's
     optimizer state (GAS ``client-momentum=shared``)."""
     grad = array_of(gradient, K.GRADIENT) if isinstance(gradient, RecordDict) else tensor_record("g", gradient)
-    out = RecordDict({K.GRADIENT: grad, K.CONFIG: config.record()})
+    out = record_dict({K.GRADIENT: grad, K.CONFIG: config.record()})
     if optimizer is not None:
         out[K.OPTIMIZER] = optimizer
     return out
