@@ -37,6 +37,8 @@ def one_torch_thread(msg: Message, context: Context, call_next) -> Message:
     floating-point results (and so whole runs) bit-identical across engines.
     """
     old = torch.get_num_threads()
+    if old == 1:
+        return call_next(msg, context)
     torch.set_num_threads(1)
     try:
         return call_next(msg, context)

@@ -293,15 +293,17 @@ class LiveCache:
     def commit(self) -> None:
         """The message succeeded: its tensors hold what their checkouts say, unless updated in place
         since (then :data:`DIRTY`: reloaded when next used); its graphs are kept."""
+        pristine = {id(c.live): c.live.pristine() for c in self._out}  # once per live model
         for c in self._out:
-            if not c.live.pristine():  # a handler changed a mode or flag: rebuilt when next used
+            if not pristine[id(c.live)]:  # a handler changed a mode or flag: rebuilt when next used
                 self.models.pop(c.key, None)
                 continue
             for k, t, v in zip(c.keys, c.tensors, c.since):
                 c.live.equals[k] = c.equals[k] if t._version == v else DIRTY  # noqa: SLF001
         for slot, graph in self._new_graphs.items():
             c = self.checked_out(graph.model)
-            if c is not None and c.equals == graph.equals and c.versions() == graph.versions and c.live.pristine():
+            if c is not None and c.equals == graph.equals and c.versions() == graph.versions \
+                    and pristine[id(c.live)]:
                 self.graphs[slot] = graph
         self._out = []
         self._new_graphs = {}

@@ -9,6 +9,7 @@ messages (docs/design.md §4).
 from __future__ import annotations
 
 import functools
+import weakref
 
 from collections.abc import Callable, Iterable, Sequence
 
@@ -20,7 +21,6 @@ from torch import nn
 from fl_app.protocol import (
     array_record,
     canonical,
-    numpy_array,
     record_state,
     record_tensor,
     record_view,
@@ -37,6 +37,20 @@ STREAM_AUGMENT = 11
 
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 """Optimizer names of the ``optimizer`` run-config key."""
+
+
+#: model -> its ``named_parameters()`` and its blocks' parameters (a model's parameters are the same objects for
+#: its whole life: weights are loaded into them, never replaced)
+_PARAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def named_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """``list(model.named_parameters())``, cached per model object (it walks every module: a cost per
+    relay message)."""
+    hit = _PARAMS.get(model)
+    if hit is None:
+        hit = _PARAMS[model] = list(model.named_parameters())
+    return hit
 
 
 def make_sgd(model: nn.Module, lr: float, momentum: float, weight_decay: float,
@@ -59,12 +73,13 @@ def make_sgd(model: nn.Module, lr: float, momentum: float, weight_decay: float,
     if kind not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {kind!r}; choose one of {', '.join(OPTIMIZERS)}")
     if not lr_scale:
-        params: list = list(model.parameters())
+        params: list = [p for _, p in named_parameters(model)]
     else:
         blocks = list(model.blocks.values())
         if len(lr_scale) != len(blocks):
             raise ValueError(f"lr-scale has {len(lr_scale)} entries for {len(blocks)} blocks")
-        groups = [{"params": list(b.parameters()), "lr": lr * float(s)} for b, s in zip(blocks, lr_scale)]
+        groups = [{"params": [p for _, p in named_parameters(b)], "lr": lr * float(s)}
+                  for b, s in zip(blocks, lr_scale)]
         params = [g for g in groups if g["params"]]
     if kind == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
@@ -84,7 +99,7 @@ def accumulate_gradients(model: nn.Module, record: ArrayRecord | None, weight: f
         :func:`~fl_app.protocol.canonical`).
     """
     out = {k: canonical(a) for k, a in record.items()} if record is not None else {}
-    for name, p in model.named_parameters():
+    for name, p in named_parameters(model):
         if p.grad is None:
             continue
         g = (p.grad.detach() * weight).cpu()
@@ -93,7 +108,9 @@ def accumulate_gradients(model: nn.Module, record: ArrayRecord | None, weight: f
             continue
         old = record_view(record, name)
         if old.dtype == g.numpy().dtype and old.shape == tuple(g.shape):
-            out[name] = numpy_array(old + g.numpy())  # float add, as torch's: the same values, one copy less
+            new = g.numpy()  # g is this call's own tensor: old + g written into it (float add, as torch's)
+            np.add(old, new, out=new)
+            out[name] = tensor_array(g)
         else:
             out[name] = tensor_array(record_tensor(record, name) + g)
     return array_record(out)
@@ -107,9 +124,9 @@ def load_gradients(model: nn.Module, record: ArrayRecord | None) -> bool:
     """
     if record is None:
         return False
-    acc = record_state(record)
-    for name, p in model.named_parameters():
-        p.grad = to_device(acc[name].clone(), p.device) if name in acc else None
+    acc = record_state(record)  # fresh copies
+    for name, p in named_parameters(model):
+        p.grad = to_device(acc[name], p.device) if name in acc else None
     return bool(acc)
 
 
@@ -124,7 +141,7 @@ def optimizer_record(model: nn.Module, opt: torch.optim.Optimizer) -> ArrayRecor
 
     Parameters without state (before the first step) are left out.
     """
-    names = {id(p): n for n, p in model.named_parameters()}
+    names = {id(p): n for n, p in named_parameters(model)}
     bufs = {}
     for group in opt.param_groups:
         for p in group["params"]:
@@ -139,7 +156,7 @@ def load_optimizer(model: nn.Module, opt: torch.optim.Optimizer, record: ArrayRe
     if record is None:
         return
     bufs = record_state(record)
-    for name, p in model.named_parameters():
+    for name, p in named_parameters(model):
         for key, value in bufs.items():
             if key == name:
                 opt.state[p]["momentum_buffer"] = to_device(value, p.device)
@@ -152,7 +169,7 @@ def load_optimizer(model: nn.Module, opt: torch.optim.Optimizer, record: ArrayRe
 def clip_and_step(model: nn.Module, opt: torch.optim.Optimizer, clip_norm: float) -> None:
     """Clip the gradient norm to ``clip_norm`` (0 = no clipping), then step."""
     if clip_norm > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        nn.utils.clip_grad_norm_([p for _, p in named_parameters(model)], clip_norm)
     opt.step()
     opt.zero_grad(set_to_none=True)
 

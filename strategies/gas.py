@@ -37,14 +37,14 @@ from torch import nn
 from fl_app import protocol as P
 from fl_app.task import Task, seeded_generator
 from fl_app.config import Option, RunConfig
-from fl_app.errors import ConfigError
 from strategies.aggregation import AGGREGATION_OPTION, average_uploads
 from strategies.loops import AsyncStrategy
 from strategies.dispatcher import Reply
 from strategies.gas_metrics import gradient_dissimilarity, reference_batch
+from strategies.gas_progress import PROGRESS_OPTION, TrainingProgress
 from strategies.generation import LabelGaussians
 from strategies.registry import register
-from strategies.shared_momentum import SharedMomentum
+from strategies.shared_momentum import CLIENT_MOMENTUM_OPTION, SharedMomentum, check_shared_momentum
 from strategies.server_step import activation_gradient, server_step
 from strategies.split import CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SplitMixin
 
@@ -105,14 +105,10 @@ class GAS(SplitMixin, AsyncStrategy):
         Option("buffer-activations", 0, "activation buffer Q_s, in batches (0 = concurrency)"),
         Option("buffer-models", 0, "model buffer Q_c (0 = concurrency)"),
         Option("weighting", "linear", "progress weight s(n) of eqs. 11-12", ("linear", "exponential", "polynomial")),
-        Option("progress", "flushes", "training progress n(A) that s(n) weighs: the activation buffer's flush "
-               "counter (flushes), the paper's n = tE + e of each activation (iterations), or the GAS authors' "
-               "per-client upload counter (uploads)", ("flushes", "iterations", "uploads")),
+        PROGRESS_OPTION,
         Option("logit-adjust", True, "eq. 6 logit-adjusted loss for G_k"),
         Option("dissimilarity-every", 0, "record Fig. 2's gradient dissimilarity every N server updates (0 = off)"),
-        Option("client-momentum", "own", "client-side SGD momentum: each client's own, from zero every local "
-               "round (own), or one buffer the server holds for all clients, as the GAS authors' single client "
-               "optimizer (shared)", ("own", "shared")),
+        CLIENT_MOMENTUM_OPTION,
         AGGREGATION_OPTION,
         CLIENT_OPTIMIZER_OPTION,
         SERVER_OPTIMIZER_OPTION,
@@ -126,38 +122,26 @@ class GAS(SplitMixin, AsyncStrategy):
         self.server_opt = None if self.server_zo else self.server_optimizer(self.server_model)
         self.q_s = c.buffer_activations or c.concurrency
         self.q_c = c.buffer_models or c.concurrency
-        #: ``(A_k, Y_k, n(A_k))`` per buffered batch (n: see :meth:`activation_progress`)
+        #: ``(A_k, Y_k, n(A_k))`` per buffered batch (n: :class:`~strategies.gas_progress.TrainingProgress`)
         self.activation_buffer: list[tuple[torch.Tensor, torch.Tensor, int]] = []
         self.model_buffer: list[tuple[int, dict[str, torch.Tensor]]] = []
         self.progress_of: dict[int, int] = {}
-        #: ``progress=iterations``: the global iteration t each client's model comes from
-        self.start_iteration: dict[int, int] = {}
-        #: ``progress=uploads`` (the authors' ``weight_count``, ``total_weight_count`` and flush counter)
-        self.upload_count: dict[int, int] = {}
-        self.upload_total = 1
-        self.flushes = 0
+        self.training_progress = TrainingProgress(c.progress)  # n(A) of each activation
         shape = self.task.profiles[self.cut - 1].output_shape
         self.activation_shape = tuple(shape)
         self.gaussians = (LabelGaussians(self.task.data.num_classes, math.prod(shape), c.covariance,
                                          1e-5, c.weighting) if c.generate else None)
         self.generator = seeded_generator(c.seed, STREAM_GENERATION)
-        self.generated_total = 0
-        self.client_iterations = 0
+        self.generated_total, self.client_iterations = 0, 0
         self.last_dissimilarity = float("nan")
         #: ``client-momentum=shared``: the authors' one client optimizer (:mod:`strategies.shared_momentum`)
         self.shared_momentum = SharedMomentum(c.momentum, self.device) if c.client_momentum == "shared" else None
 
     @classmethod
     def check_config(cls, cfg: RunConfig, task: Task) -> None:
-        """``client-momentum=shared`` shares an SGD momentum buffer between first-order clients.
-
-        Raises:
-            ConfigError: ``client-momentum=shared`` with ZO clients or with AdamW.
-        """
+        """See :func:`~strategies.shared_momentum.check_shared_momentum` (raises ConfigError)."""
         super().check_config(cfg, task)
-        if cfg.get("client-momentum") == "shared" and (cfg.get("client-optimizer") == "zo" or cfg.optimizer != "sgd"):
-            raise ConfigError("client-momentum=shared needs SGD clients (client-optimizer=sgd optimizer=sgd): "
-                              "it shares an SGD momentum buffer")
+        check_shared_momentum(cfg)
 
     def label_prior(self, pid: int) -> torch.Tensor | None:
         """``P_k`` from the handshake histogram, or None with logit adjustment off."""
@@ -170,8 +154,7 @@ class GAS(SplitMixin, AsyncStrategy):
     def launch(self, pid: int) -> None:
         """Start a local round of E iterations from the current client-side model."""
         self.progress_of[pid] = 0
-        self.start_iteration[pid] = self.global_iteration
-        self.upload_count[pid] = self.upload_total
+        self.training_progress.launch(pid, self.global_iteration)
         self.send(pid, self.forward_request(self.cfg.batch_size, P.state_record(self.client_model.state_dict())))
 
     def on_reply(self, reply: Reply) -> None:
@@ -199,7 +182,7 @@ class GAS(SplitMixin, AsyncStrategy):
             grad = activation_gradient(self.server_model, x, y, loss_fn)
         self.progress_of[pid] += 1
         self.client_iterations += 1
-        progress = self.activation_progress(pid)
+        progress = self.training_progress.activation(pid, self.progress_of[pid], self.local_steps(pid))
         done = self.progress_of[pid] >= self.local_steps(pid)
         nxt = P.NEXT_WEIGHTS if done else P.NEXT_FORWARD
         request = self.backward_request(grad, nxt, self.cfg.batch_size)
@@ -210,33 +193,12 @@ class GAS(SplitMixin, AsyncStrategy):
         if sum(int(b[1].numel()) for b in self.activation_buffer) >= self.q_s * self.cfg.batch_size:
             self.flush_activations()
 
-    def activation_progress(self, pid: int) -> int:
-        """The training progress n(A) of ``pid``'s activation batch just received, by ``progress``.
-
-        * ``iterations``: the paper's n = tE + e (GAS, "Dynamic Weighted Update"): t the global
-          iteration of the client model it trains from, e = 1..E its local iteration.
-        * ``uploads``: the authors' ``weight_count`` (``GAS_main.py``): a client starts from
-          ``total_weight_count`` (1 at first) and counts its uploads; each global iteration adds
-          the number of activation flushes so far to ``total_weight_count``.
-        * ``flushes``: 0 here (the flush counter applies at the flush).
-        """
-        mode = self.cfg.progress
-        if mode == "iterations":
-            return self.start_iteration[pid] * self.local_steps(pid) + self.progress_of[pid]
-        if mode == "uploads":
-            n = self.upload_count[pid]
-            self.upload_count[pid] = n + 1
-            return n
-        return 0
-
     def flush_activations(self) -> None:
         """Update the Gaussians, top up with generated activations, one server step (eq. 5; ZO-SGD with a ZO server)."""
         x = torch.cat([b[0] for b in self.activation_buffer])
         y = torch.cat([b[1] for b in self.activation_buffer])
-        progress = None if self.cfg.progress == "flushes" else \
-            torch.cat([torch.full((int(b[1].numel()),), b[2], dtype=torch.int64) for b in self.activation_buffer])
+        progress = self.training_progress.flushed([(int(b[1].numel()), b[2]) for b in self.activation_buffer])
         self.activation_buffer = []
-        self.flushes += 1
         if self.gaussians is not None:
             x, y, generated = top_up(self.gaussians, x, y, self.cfg.batch_size, self.generator, self.on_device,
                                      progress)
@@ -256,13 +218,13 @@ class GAS(SplitMixin, AsyncStrategy):
         if len(self.model_buffer) >= self.q_c:
             self.client_model.load_state_dict(average_uploads(self.model_buffer, self.aggregation_weight))
             self.model_buffer = []
-            self.upload_total += self.flushes
+            self.training_progress.aggregated()
             self.end_global_iteration()
 
     def on_failure(self, partition_id: int, action: str, reason: str) -> None:
         """Drop the failed client's local round (and the momentum it was sent)."""
-        for counts in (self.progress_of, self.start_iteration, self.upload_count):
-            counts.pop(partition_id, None)
+        self.progress_of.pop(partition_id, None)
+        self.training_progress.forget(partition_id)
         if self.shared_momentum is not None:
             self.shared_momentum.forget(partition_id)
 

@@ -59,6 +59,15 @@ from strategies.gaussian_factors import (
     scaled_pending,
     trmm_lower,
 )
+from strategies.gas_progress import (
+    EXPONENTIAL_RATE,
+    POLYNOMIAL_POWER,
+    WEIGHTINGS,
+    check_progress,
+    check_weighting,
+    log_progress_weight,
+    progress_weight,
+)
 
 __all__ = [
     "WEIGHTINGS",
@@ -70,65 +79,7 @@ __all__ = [
     "LabelGaussians",
 ]
 
-WEIGHTINGS = ("linear", "exponential", "polynomial")
 COVARIANCES = ("full", "diagonal")
-
-#: b in the paper's exponential weighting s(n) = a * exp(b * n) (a = 1). The
-#: paper names the family but not a and b; a cancels out of eqs. 11-12.
-EXPONENTIAL_RATE = 0.1
-#: b in the paper's polynomial weighting s(n) = a * n**b (a = 1).
-POLYNOMIAL_POWER = 2.0
-
-def _check_weighting(kind: str) -> None:
-    if kind not in WEIGHTINGS:
-        raise ConfigError(
-            f"unknown GAS weighting {kind!r}; choose one of {', '.join(WEIGHTINGS)}"
-        )
-
-
-def _check_progress(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"training progress n must be an integer >= 1, got {n!r}")
-    return n
-
-
-def log_progress_weight(n: int, kind: str = "linear") -> float:
-    """log s(n); used internally so that exponential weights never overflow."""
-    _check_weighting(kind)
-    n = _check_progress(n)
-    if kind == "linear":
-        return math.log(n)
-    if kind == "exponential":
-        return EXPONENTIAL_RATE * n
-    return POLYNOMIAL_POWER * math.log(n)
-
-
-def progress_weight(n: int, kind: str = "linear") -> float:
-    """s(n): the weight of the activations that arrive at the n-th statistics update.
-
-    ``n >= 1`` is the training progress (here: the flush counter). The paper
-    uses the increasing weighting s(n) = n in its experiments and names two
-    other families, s(n) = a*exp(b*n) and s(n) = a*n**b, without values for a
-    and b. Here a = 1 (a scale cancels out of eqs. 11-12) and:
-
-    * ``"linear"``: s(n) = n (the paper's default);
-    * ``"exponential"``: s(n) = exp(EXPONENTIAL_RATE * n) = exp(0.1 n);
-    * ``"polynomial"``: s(n) = n ** POLYNOMIAL_POWER = n**2.
-
-    Returns ``math.inf`` where the float overflows (exponential, n > ~7000);
-    :class:`LabelGaussians` works with log-weights and is unaffected.
-    """
-    _check_weighting(kind)
-    n = _check_progress(n)
-    if kind == "linear":
-        return float(n)
-    if kind == "polynomial":
-        return float(n) ** POLYNOMIAL_POWER
-    try:
-        return math.exp(EXPONENTIAL_RATE * n)
-    except OverflowError:
-        return math.inf
-
 
 
 class LabelGaussians:
@@ -178,7 +129,7 @@ class LabelGaussians:
             raise ConfigError(
                 f"unknown GAS covariance {covariance!r}; choose one of {', '.join(COVARIANCES)}"
             )
-        _check_weighting(weighting)
+        check_weighting(weighting)
         try:
             regulariser = float(regulariser)
         except (TypeError, ValueError):
@@ -311,7 +262,7 @@ class LabelGaussians:
             n = max(self.num_updates, int(per_row.max())) if per_row.numel() else self.num_updates
             log_s: float | torch.Tensor = self._log_weights(per_row)
         else:
-            n = self.num_updates + 1 if progress is None else _check_progress(progress)
+            n = self.num_updates + 1 if progress is None else check_progress(progress)
             log_s = log_progress_weight(n, self.weighting)
         self.num_updates = n
         if labels.numel() == 0:

@@ -28,7 +28,26 @@ import torch
 from flwr.app import ArrayRecord
 
 from fl_app import protocol as P
+from fl_app.config import Option, RunConfig
+from fl_app.errors import ConfigError
 from strategies.dispatcher import Request
+
+#: The ``client-momentum`` option (GAS).
+CLIENT_MOMENTUM_OPTION = Option(
+    "client-momentum", "own", "client-side SGD momentum: each client's own, from zero every local round (own), "
+    "or one buffer the server holds for all clients, as the GAS authors' single client optimizer (shared)",
+    ("own", "shared"))
+
+
+def check_shared_momentum(cfg: RunConfig) -> None:
+    """``client-momentum=shared`` shares an SGD momentum buffer between first-order clients.
+
+    Raises:
+        ConfigError: ``client-momentum=shared`` with ZO clients or with AdamW.
+    """
+    if cfg.get("client-momentum") == "shared" and (cfg.get("client-optimizer") == "zo" or cfg.optimizer != "sgd"):
+        raise ConfigError("client-momentum=shared needs SGD clients (client-optimizer=sgd optimizer=sgd): "
+                          "it shares an SGD momentum buffer")
 
 
 class SharedMomentum:

@@ -273,14 +273,14 @@ def test_progress_uploads_counts_as_the_authors_code():
     assert seen == [[1] * 8, [2] * 4 + [3] * 4]
     s.on_upload(0, _filled(s, 1.0), 100)
     s.on_upload(1, _filled(s, 1.0), 300)  # global iteration 1: total = 1 + 2 flushes = 3
-    assert s.upload_total == 3
+    assert s.training_progress.upload_total == 3
     s.launch(0)  # starts from 3; client 1 keeps counting from 2
     s.on_activations(0, *batch([0, 1, 2, 3], seed=5))
     s.on_activations(1, *batch([4, 5, 6, 7], seed=6))
     assert seen[2] == [3] * 4 + [2] * 4
     s.on_upload(0, _filled(s, 1.0), 100)
     s.on_upload(1, _filled(s, 1.0), 300)
-    assert s.upload_total == 3 + 3
+    assert s.training_progress.upload_total == 3 + 3
 
 
 def test_progress_iterations_is_the_papers_tE_plus_e():

@@ -263,7 +263,7 @@ def test_zo_gas_server_step_is_zeroth_order():
     torch.manual_seed(1)
     shape = s.activation_shape
     x, y = torch.randn(16, *shape), torch.randint(0, 10, (16,))
-    s.activation_buffer = [(x[:8], y[:8]), (x[8:], y[8:])]
+    s.activation_buffer = [(x[:8], y[:8], 0), (x[8:], y[8:], 0)]
     s.server_updates = 4
     ref = copy.deepcopy(s.server_model)
     seeds = [zo_seed(cfg.seed, STREAM_ZO_SERVER, 0, 4, p) for p in range(2)]

@@ -13,7 +13,7 @@ docs/design.md §4. One home per message action:
 Everything public is re-exported here: ``from fl_app import protocol as P``.
 """
 
-from fl_app.protocol.codec import DeferredArray, canonical, numpy_array, record_view, tensor_array, value_token
+from fl_app.protocol.codec import DeferredArray, canonical, record_view, tensor_array, value_token
 from fl_app.protocol.configs import (
     ActionConfig,
     BackwardConfig,

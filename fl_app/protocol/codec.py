@@ -197,15 +197,6 @@ def tensor_array(tensor: torch.Tensor) -> Array:
     return DeferredArray(values, t)
 
 
-def numpy_array(arr: np.ndarray) -> Array:
-    """One fresh NumPy array as an :class:`~flwr.app.Array`, the bytes :func:`tensor_array` writes for it
-    (the array must not be changed afterwards)."""
-    arr = np.ascontiguousarray(arr)
-    if arr.dtype.hasobject or arr.size == 0:
-        return encode_array(arr)
-    return DeferredArray(arr)
-
-
 def record_view(record: ArrayRecord, name: str) -> np.ndarray:
     """The values of ``record[name]`` as a read-only NumPy array, without a copy where possible
     (for reading only; :func:`record_tensor` gives a writable tensor)."""

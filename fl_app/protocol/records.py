@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fl_app.protocol.codec import DeferredArray, decode_array, encode_array, tensor_array
+from fl_app.protocol.codec import DeferredArray, decode_array, tensor_array
 
 R = TypeVar("R", ArrayRecord, ConfigRecord)
 
@@ -107,8 +107,11 @@ def record_input(record: ArrayRecord, name: str) -> torch.Tensor:
 
 
 def state_record(state: Mapping[str, torch.Tensor]) -> ArrayRecord:
-    """Encode a torch ``state_dict`` (or any name -> tensor mapping)."""
-    return array_record({k: encode_array(v.detach().cpu().contiguous().numpy()) for k, v in state.items()})
+    """Encode a torch ``state_dict`` (or any name -> tensor mapping): a snapshot of its values now (each
+    tensor copied, its ``.npy`` bytes written when Flower serialises them, see
+    :class:`~fl_app.protocol.codec.DeferredArray`)."""
+    return array_record({k: tensor_array(v.detach().cpu().clone(memory_format=torch.contiguous_format))
+                         for k, v in state.items()})
 
 
 def record_state(record: ArrayRecord) -> dict[str, torch.Tensor]:
@@ -140,7 +143,8 @@ def config_records(content: RecordDict) -> dict[str, ConfigRecord]:
 
 def _record(content: RecordDict, key: str, kind: type[R]) -> R | None:
     """``content[key]`` when it is a record of type ``kind`` (no copy of the records), else None."""
-    value = content.get(key)
+    store = _item_store(content)
+    value = store.get(key) if store is not None else content.get(key)
     return value if isinstance(value, kind) else None
 
 
