@@ -103,6 +103,7 @@ DEFAULTS: dict[str, Any] = {
     "preset": "",
     "seed": 0,
     "init-seed": -1,  # seeds the initial weights alone (-1: seed)
+    "partition-seed": -1,  # seeds the partition alone (-1: seed)
     "eval-every": 1,
     "eval-samples": 0,
     "target-accuracy": 0.0,
@@ -135,7 +136,7 @@ CORE_KEYS: tuple[str, ...] = (
     "partition", "normalize", "alpha", "shards", "min-partition-size", "num-classes-per-partition",
     "class-assignment-mode", "partition-sizes", "heterogeneity", "batch-parallel",
     "downlink", "straggler-rate", "global-iterations", "local-iterations", "local-epochs", "batch-size", "lr", "client-lr", "server-lr-split", "optimizer", "init", "device", "momentum",
-    "weight-decay", "clip-norm", "preset", "seed", "init-seed", "eval-every", "eval-samples", "target-accuracy",
+    "weight-decay", "clip-norm", "preset", "seed", "init-seed", "partition-seed", "eval-every", "eval-samples", "target-accuracy",
     "max-virtual-time", "clock", "node-timeout", "min-clients", "join-timeout", "checkpoint-every", "output-dir",
     "tracker", "save-best", "transport", "session-address", "session-certificate", "session-key", "session-ca",
     "session-tls", "session-timeout",
@@ -295,8 +296,9 @@ class RunConfig:
                     "drop-per-round", "checkpoint-every"]:
             if self._values[key] < 0:
                 raise ConfigError(f"{key} must be >= 0, got {self._values[key]}")
-        if self._values["init-seed"] < -1:
-            raise ConfigError(f"init-seed must be >= 0, or -1 for seed; got {self._values['init-seed']}")
+        for key in ("init-seed", "partition-seed"):
+            if self._values[key] < -1:
+                raise ConfigError(f"{key} must be >= 0, or -1 for seed; got {self._values[key]}")
         if self.concurrency > self.num_clients:
             raise ConfigError(
                 f"concurrency={self.concurrency} exceeds num-clients={self.num_clients}"

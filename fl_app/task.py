@@ -32,7 +32,8 @@ from fl_app.models import BlockModel, BlockProfile, build_model, profile_blocks,
 #: Keys of the run configuration that define the task (data, partition, model).
 TASK_KEYS = (
     "dataset", "data-dir", "partition", "alpha", "shards", "min-partition-size", "num-classes-per-partition",
-    "class-assignment-mode", "partition-sizes", "num-clients", "model", "cut-layer", "seed", "init", "init-seed", "normalize",
+    "class-assignment-mode", "partition-sizes", "num-clients", "model", "cut-layer", "seed", "init", "init-seed",
+    "partition-seed", "normalize",
 )
 
 
@@ -140,7 +141,7 @@ def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
         str(values["partition"]),
         alpha=float(values["alpha"]),
         shards=int(values["shards"]),
-        seed=int(values["seed"]),
+        seed=int(values["seed"]) if int(values["partition-seed"]) < 0 else int(values["partition-seed"]),
         min_partition_size=int(values["min-partition-size"]),
         num_classes_per_partition=int(values["num-classes-per-partition"]),
         class_assignment_mode=str(values["class-assignment-mode"]),

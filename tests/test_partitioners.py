@@ -184,3 +184,28 @@ def test_device_local_nodes_of_a_new_scheme_train_like_the_simulation(tmp_path):
     keys = ["global_iteration", "virtual_time_s", "test_accuracy", "test_loss"]
     a, b = (read_metrics(tmp_path / name / "metrics.csv") for name in ("sim", "dev"))
     assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b]
+
+
+def test_partition_seed_sets_the_partition_alone(tmp_path, capsys):
+    """``partition-seed`` seeds the assignment of the data to clients and nothing else: runs with different
+    seeds and one partition-seed share their partitions and differ in the rest (here: the initial
+    weights); -1 means ``seed``; below -1 is refused in one line."""
+    import torch
+
+    from fl_app.config import RunConfig
+    from fl_app.task import load_task
+    from tests.conftest import cli_args
+
+    def task(**keys):
+        return load_task(RunConfig.from_mapping({"partition": "shard", "shards": 2, **keys}))
+
+    a, b = task(seed=1, **{"partition-seed": 5}), task(seed=2, **{"partition-seed": 5})
+    assert all(np.array_equal(p, q) for p, q in zip(a.partitions, b.partitions))
+    assert not torch.equal(next(a.build_model().parameters()), next(b.build_model().parameters()))
+    own = task(seed=5)
+    assert all(np.array_equal(p, q) for p, q in zip(own.partitions, a.partitions))
+    follows = task(seed=1, **{"partition-seed": -1})
+    assert not all(np.array_equal(p, q) for p, q in zip(follows.partitions, a.partitions))
+    assert all(np.array_equal(p, q) for p, q in zip(follows.partitions, task(seed=1).partitions))
+    assert main(cli_args({"partition-seed": -2, "output-dir": tmp_path / "x"})) == 2
+    assert "partition-seed must be >= 0, or -1" in capsys.readouterr().err
