@@ -125,6 +125,7 @@ DEFAULTS: dict[str, Any] = {
     # what a run leaves besides its metrics
     "tracker": "none",  # none, tensorboard, mlflow, wandb (comma-separated for several)
     "save-best": False,  # also keep the best-accuracy model (model-best.safetensors)
+    "numerics": "fast",  # fast (this machine's kernels) or portable (the same numbers on every x86-64 machine)
 }
 
 #: Keys every strategy reads. The other keys of :data:`DEFAULTS` are
@@ -139,7 +140,7 @@ CORE_KEYS: tuple[str, ...] = (
     "weight-decay", "clip-norm", "preset", "seed", "init-seed", "partition-seed", "eval-every", "eval-samples", "target-accuracy",
     "max-virtual-time", "clock", "node-timeout", "min-clients", "join-timeout", "checkpoint-every", "output-dir",
     "tracker", "save-best", "transport", "session-address", "session-certificate", "session-key", "session-ca",
-    "session-tls", "session-timeout",
+    "session-tls", "session-timeout", "numerics",
 )
 
 
@@ -333,6 +334,9 @@ class RunConfig:
             if self.get(key) not in choices:
                 raise ConfigError(f"{key} must be one of {', '.join(choices)}; got '{self.get(key)}'")
         from fl_app.device import check_device_name
+        from fl_app.numerics import check_mode
+
+        check_mode(self.numerics)
 
         check_device_name(self.device)
         tracker_names(self.tracker)  # known names only; whether their packages are installed: plan_run

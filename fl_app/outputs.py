@@ -74,13 +74,17 @@ class RunRecorder:
         listeners: :class:`RunListener` objects (duck-typed) told of every row,
             the resume and the summary. A listener that raises is reported in
             one warning line and dropped; the run goes on.
+        machine: the machine and numerics mode (:func:`fl_app.numerics.machine_record`),
+            recorded in config.json and summary.json alike.
     """
 
     def __init__(self, out_dir: str | Path, config: Mapping[str, Any], extra: Mapping[str, Any] | None = None,
-                 *, resume: bool = False, listeners: Sequence[Any] = ()) -> None:
+                 *, resume: bool = False, listeners: Sequence[Any] = (),
+                 machine: Mapping[str, Any] | None = None) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        payload = {"config": dict(config), **dict(extra or {})}
+        self.machine = dict(machine) if machine else None
+        payload = {"config": dict(config), **dict(extra or {}), **({"machine": self.machine} if machine else {})}
         if not (resume and (self.out_dir / "config.json").exists()):  # a resumed run keeps the run's own
             (self.out_dir / "config.json").write_text(json.dumps(_json_safe(payload), indent=2))
         self.metrics_path = self.out_dir / "metrics.csv"
@@ -141,7 +145,7 @@ class RunRecorder:
 
     def finish(self, summary: Mapping[str, Any]) -> dict[str, Any]:
         """Write summary.json and accuracy.png; returns the summary written."""
-        summary = _json_safe(dict(summary))
+        summary = _json_safe({**dict(summary), **({"machine": self.machine} if self.machine else {})})
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self._tell("on_finish", summary)
         if self.rows:

@@ -313,11 +313,58 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _numerics_of(args: argparse.Namespace) -> str:
+    """The ``numerics`` mode the command's runs ask for (``fast`` for commands that run nothing).
+
+    Raises:
+        ConfigError: a sweep whose runs mix modes (a process has one).
+    """
+    import json
+
+    if args.command == "run":
+        pairs = parse_key_values(args.pairs)
+        if "resume" in pairs and "numerics" not in pairs:
+            saved = Path(pairs["resume"]) / "config.json"
+            config = json.loads(saved.read_text()).get("config", {}) if saved.is_file() else {}
+            return str(config.get("numerics", "fast"))
+        return pairs.get("numerics", "fast")
+    if args.command == "sweep":
+        from simulation.sweep import expand, load_sweep, run_config
+
+        modes = {str(run_config(run).get("numerics", "fast")) for run in expand(load_sweep(args.file))}
+        if len(modes) > 1:
+            raise ConfigError(f"{args.file}: a sweep runs in one numerics mode; its runs ask for {', '.join(sorted(modes))}")
+        return modes.pop() if modes else "fast"
+    return "fast"
+
+
+def _restart_for_numerics(args: argparse.Namespace, argv: Sequence[str] | None) -> None:
+    """Restart this command with the environment its ``numerics`` mode needs, if it lacks it.
+
+    ``numerics=portable`` pins variables that ATen and MKL read before the
+    first tensor operation (:func:`fl_app.numerics.launch_env`), so the
+    process is replaced by a fresh one with them set; it does not return then.
+    Only the console script restarts (``argv`` None): a caller of :func:`main`
+    in its own process gets :func:`~fl_app.numerics.establish`'s one-line error instead.
+    """
+    import os
+
+    from fl_app.numerics import launch_env
+
+    env = launch_env(_numerics_of(args))
+    if env is None or argv is not None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "simulation.cli", *sys.argv[1:]], env)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sflower`` console script."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     try:
+        _restart_for_numerics(args, argv)
         return int(args.func(args))
     except ConfigError as err:
         print(f"sflower: error: {err}", file=sys.stderr)

@@ -21,6 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 from fl_app.config import RunConfig
 from fl_app.device import resolve_device
 from fl_app.errors import ConfigError
+from fl_app.numerics import establish, machine_record
 from fl_app.outputs import RunRecorder, default_output_dir
 from fl_app.saved_model import ModelSaver
 from fl_app.task import Task, check_batch_size, load_task, write_partition_plot
@@ -70,8 +71,11 @@ def plan_run(cfg: RunConfig) -> RunPlan:
             batch size larger than a partition, or a strategy's own check
             (``check_config``, e.g. RingSFL's propagation lengths),
             ``device=cuda`` without a GPU, a tracker whose package is
-            missing (naming its ``pip install 'sflower[...]'``).
+            missing (naming its ``pip install 'sflower[...]'``),
+            ``numerics=portable`` in a process not started for it
+            (:func:`fl_app.numerics.establish`).
     """
+    establish(cfg.numerics)
     check_trackers(cfg.tracker)
     strategy_cls = get_strategy(cfg.strategy)
     resolve_device(cfg.device)  # the server side's device exists here
@@ -130,7 +134,8 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     }
     resume = plan.resume_from is not None
     saver = ModelSaver(plan.out_dir, ModelSaver.describe(cfg, plan.task), save_best=cfg.save_best)
-    recorder = RunRecorder(plan.out_dir, recorded_config(cfg), extra, resume=resume)
+    recorder = RunRecorder(plan.out_dir, recorded_config(cfg), extra, resume=resume,
+                           machine=machine_record(cfg.numerics))
     if not (resume and (plan.out_dir / "partition.png").exists()):
         write_partition_plot(plan.task, plan.out_dir / "partition.png")
     recorder.listeners = [saver, *open_trackers(cfg.tracker, plan.out_dir, cfg.as_dict(), plan.tracking, resume)]

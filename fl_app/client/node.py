@@ -26,6 +26,7 @@ from fl_app.device import resolve_device, to_device
 from fl_app.errors import ConfigError
 from fl_app.live import live_cache
 from fl_app.models import BlockModel, draws_random
+from fl_app.numerics import establish
 from fl_app.task import Task, load_device_task, load_task
 from fl_app.training import next_batch
 from fl_app.zo import zo_seed
@@ -204,6 +205,7 @@ def _task_of_contents(record: ConfigRecord) -> tuple[RunConfig, Task]:
         if snapshot == values:
             return cfg, task
     cfg = RunConfig.from_mapping(values)
+    establish(cfg.numerics)  # a Ray actor or a SuperNode started without portable numerics stops here
     task = load_task(cfg)
     _CONFIGS.insert(0, ({k: list(v) if isinstance(v, list) else v for k, v in values.items()}, cfg, task))
     del _CONFIGS[4:]
@@ -269,6 +271,7 @@ def _device_task_of(record: ConfigRecord, data_dir: str) -> tuple[RunConfig, Tas
     hit = _DEVICE_TASKS.get(key)
     if hit is None:
         cfg = RunConfig.from_mapping(dict(record))
+        establish(cfg.numerics)
         hit = (cfg, load_device_task(cfg, data_dir))
         if len(_DEVICE_TASKS) >= 8:
             _DEVICE_TASKS.clear()
