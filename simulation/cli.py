@@ -223,9 +223,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    """``sflower report DIR``: markdown table and plots of a sweep."""
+    """``sflower report DIR``: tables (95 % intervals, paired verdicts) and plots of a sweep;
+    ``sflower report --pages [--check]``: the generated tables of README.md and docs/."""
     from simulation.report import report
 
+    if args.pages:
+        from simulation.pages import update_pages
+
+        stale = update_pages(args.dir or ".", check=args.check)
+        for page in stale:
+            print(f"{'stale' if args.check else 'rewritten'}: {page}")
+        return 1 if stale and args.check else 0
+    if not args.dir:
+        raise ConfigError("report needs a sweep directory (or --pages)")
     path = report(args.dir)
     print(path.read_text())
     print(f"written: {path}")
@@ -264,8 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("pairs", nargs="*", metavar="output-dir=DIR")
     sw.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     sw.set_defaults(func=cmd_sweep)
-    rp = sub.add_parser("report", help="tables and plots of a sweep directory")
-    rp.add_argument("dir")
+    rp = sub.add_parser("report", help="tables and plots of a sweep directory; --pages: the docs' generated tables")
+    rp.add_argument("dir", nargs="?", default="", help="a sweep directory (with --pages: the repository root)")
+    rp.add_argument("--pages", action="store_true",
+                    help="regenerate every '<!-- sflower-report DIR -->' block of README.md and docs/*.md")
+    rp.add_argument("--check", action="store_true", help="with --pages: write nothing, exit 1 if a block is stale")
     rp.set_defaults(func=cmd_report)
     cp = sub.add_parser("compare", help="sflower's runs beside another code's runs of the same configuration "
                                          "(per-iteration band table and plot)")

@@ -13,13 +13,19 @@ metric per global iteration:
 For every global iteration that runs of both sides reached, the table gives
 the other code's minimum, maximum and mean over its runs that reached it, sflower's mean (and min–max), and
 whether sflower's mean lies inside the other code's min–max band widened by
-``widen`` on each side (the issue tracker's criterion: 0.05). It writes
+``widen`` on each side (the issue tracker's criterion: 0.05). Below it, the
+last global iteration both sides reached is compared as statistics: each
+side's mean with its 95 % interval and the difference of means with Welch's
+interval (:func:`simulation.stats.unpaired`: the two codes' seeds do not
+correspond), stated as "not distinguishable" where that interval holds 0. It writes
 ``DIR/compare.md`` and ``DIR/compare.png`` (both sides' runs as thin lines,
 the band shaded, sflower's mean bold).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,6 +33,7 @@ import pandas as pd
 
 from fl_app.errors import ConfigError
 from simulation.report import markdown_table
+from simulation.stats import mean_ci, unpaired
 
 
 def _curve(path: Path, metric: str) -> pd.Series:
@@ -81,6 +88,25 @@ def side_by_side(ours: Sequence[pd.Series], theirs: Sequence[pd.Series], widen: 
     return pd.DataFrame(rows)
 
 
+def final_statement(ours: Sequence[pd.Series], theirs: Sequence[pd.Series], labels: tuple[str, str],
+                    scale: float = 100.0, unit: str = " (%)") -> str:
+    """The two sides at the last global iteration that every run of both reached: means with 95 %
+    intervals, the difference with Welch's interval, and the verdict (one paragraph)."""
+    last = min(int(c.index.max()) for c in [*ours, *theirs])
+    o = [float(c.loc[last]) for c in ours if last in c.index]
+    t = [float(c.loc[last]) for c in theirs if last in c.index]
+    d = unpaired(labels[0], labels[1], o, t)
+
+    def side(values: list[float]) -> str:
+        mean, half = mean_ci(values)
+        return f"{scale * mean:.2f}" + ("" if math.isnan(half) else f" ± {scale * half:.2f}") + f" ({len(values)} runs)"
+
+    interval = "" if math.isnan(d.low) else f", 95% CI [{scale * d.low:+.2f}, {scale * d.high:+.2f}], Welch p {d.t_p:.3f}"
+    verdict = re.sub(r"at \d+ seeds?$", f"at {len(o)} and {len(t)} runs", d.ours)
+    return (f"At global iteration {last}{unit}: {labels[0]} {side(o)}, {labels[1]} {side(t)}; "
+            f"difference {scale * d.diff:+.2f}{interval}: {verdict}.")
+
+
 def compare(ours: Sequence[str | Path], theirs: Sequence[str | Path], out_dir: str | Path, *,
             metric: str = "test_accuracy", widen: float = 0.05, title: str = "",
             labels: tuple[str, str] = ("sflower", "authors' code")) -> pd.DataFrame:
@@ -116,7 +142,8 @@ def compare(ours: Sequence[str | Path], theirs: Sequence[str | Path], out_dir: s
     head = f"# {title}\n\n" if title else ""
     text = (f"{head}{metric}: {len(ours_c)} run(s) of {labels[0]}, {len(theirs_c)} of {labels[1]}; "
             f"{int(table.inside.sum())} of {len(table)} global iterations inside the band.\n\n"
-            f"{markdown_table(shown)}\n\n![curves](compare.png)\n")
+            f"{markdown_table(shown)}\n\n{final_statement(ours_c, theirs_c, labels, scale, unit)}\n\n"
+            f"![curves](compare.png)\n")
     (out / "compare.md").write_text(text)
 
     fig, ax = plt.subplots(figsize=(6, 4))

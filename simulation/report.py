@@ -1,16 +1,24 @@
-"""``sflower report DIR``: a markdown table (mean ± std over seeds) and plots of a sweep.
+"""``sflower report DIR``: the tables (means with 95 % intervals, paired verdicts) and plots of a sweep.
 
 Writes into DIR:
 
 * ``report.md``: one row per configuration (the sweep's grid keys except
-  ``seed``) with final and best accuracy as mean ± std over seeds, time to the
-  target accuracy, and the paper's number when the sweep file gives one. A
-  run that diverged is counted in ``seeds`` as diverged (``"3 (1 diverged)"``)
-  and left out of the final accuracy, which it never reached; its best
-  accuracy counts;
+  ``seed``) with final and best accuracy as the mean over seeds ± the
+  half-width of its 95 % confidence interval (Student t, :mod:`simulation.stats`),
+  time to the target accuracy, and the paper's number when the sweep file
+  gives one. A run that diverged is counted in ``seeds`` as diverged
+  (``"3 (1 diverged)"``) and left out of the final accuracy, which it never
+  reached; its best accuracy counts. Then one row per ranked pair: the
+  paired difference of final accuracy over the seeds both completed, its
+  interval, the paired tests and the verdict, beside the paper's order
+  (:func:`pairs_table`);
 * ``curves.png``: mean test accuracy against global iteration and against
   virtual time, all configurations on shared axes;
 * ``profiles.png``: the device profiles (compute speed against uplink rate).
+
+A directory that holds only ``results.csv`` (and ``sweep.json``), as the
+published results under ``docs/results/`` do, gets its report.md from them:
+the tables are rebuilt, the plots already there are linked, none is drawn.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from fl_app.errors import ConfigError
+from simulation.stats import Paired, mean_ci, paired
 from simulation.sweep import collect, expand, run_name
 
 
@@ -37,25 +46,44 @@ def _sweep_meta(out: Path) -> tuple[list[str], dict[str, Any], list[str]]:
     return ["strategy"], {}, []
 
 
-def _fmt(mean: float, std: float, scale: float = 100.0) -> str:
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+def _fmt(values: pd.Series, scale: float = 100.0) -> str:
+    """``mean ± half-width of the 95 % interval`` of ``values`` in percent (``mean`` alone for one value)."""
+    mean, half = mean_ci(values.astype(float).tolist())
+    if math.isnan(mean):
         return "–"
-    if std is None or (isinstance(std, float) and math.isnan(std)):
+    if math.isnan(half):
         return f"{scale * mean:.2f}"
-    return f"{scale * mean:.2f} ± {scale * std:.2f}"
+    return f"{scale * mean:.2f} ± {scale * half:.2f}"
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
-    """A GitHub-markdown table of a DataFrame (all cells as strings)."""
-    cols = [str(c) for c in frame.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for _, row in frame.iterrows():
-        lines.append("| " + " | ".join(str(v) for v in row.tolist()) + " |")
-    return "\n".join(lines)
+    """A GitHub-markdown table of a DataFrame (all cells as strings), by ``DataFrame.to_markdown``."""
+    return frame.astype(str).to_markdown(index=False, tablefmt="github", disable_numparse=True)
+
+
+#: The accuracy columns of :func:`summarize`.
+FINAL, BEST = "final acc. (%, 95% CI)", "best acc. (%, 95% CI)"
+
+
+def _diverged(group: pd.DataFrame) -> pd.Series:
+    """Which runs of ``group`` diverged (``status`` starts with ``diverged``)."""
+    return group.get("status", pd.Series("", index=group.index)).astype(str).str.startswith("diverged")
+
+
+def _label(keys: list[str], values: tuple) -> str:
+    """A configuration's name in the tables: its grid values joined by ``/`` in grid order (``v2/contiguous``)."""
+    return "/".join(str(v) for v in values)
+
+
+def _context(keys: list[str], values: tuple) -> str:
+    """What a configuration shares with those it is ranked against: its grid values but the compared one
+    (``variant``, else ``strategy``, else the first grid key)."""
+    compared = next((k for k in ("variant", "strategy") if k in keys), keys[0])
+    return "/".join(str(v) for k, v in zip(keys, values) if k != compared)
 
 
 def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None = None) -> pd.DataFrame:
-    """Mean ± std over seeds of each configuration (accuracies in %); time and global
+    """Mean ± 95 % interval over seeds of each configuration (accuracies in %); time and global
     iterations to the target accuracy averaged over the seeds that reached it.
 
     A run whose ``status`` starts with ``diverged`` stopped before its last global
@@ -68,22 +96,110 @@ def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None
     for values, group in table.groupby(keys, sort=False):
         values = values if isinstance(values, tuple) else (values,)
         row = dict(zip(keys, values))
-        diverged = group.get("status", pd.Series("", index=group.index)).astype(str).str.startswith("diverged")
+        diverged = _diverged(group)
         row["seeds"] = f"{len(group)} ({int(diverged.sum())} diverged)" if diverged.any() else len(group)
-        final = group.loc[~diverged, "final_accuracy"]
-        row["final acc. (%)"] = _fmt(final.mean(), final.std())
-        row["best acc. (%)"] = _fmt(group["best_accuracy"].mean(), group["best_accuracy"].std())
+        row[FINAL] = _fmt(group.loc[~diverged, "final_accuracy"])
+        row[BEST] = _fmt(group["best_accuracy"])
         tt, it = group["time_to_target_s"], group["iterations_to_target"]
         reached = f" ({int(tt.notna().sum())}/{len(group)} seeds)" if tt.notna().sum() < len(group) else ""
         row["time to target (virtual s)"] = "–" if tt.isna().all() else f"{tt.mean():.1f}{reached}"
         row["global iterations to target"] = "–" if it.isna().all() else f"{it.mean():.1f}{reached}"
         if paper:
-            label = str(row.get("variant", row.get("strategy", "")))
-            joined = "/".join(str(v) for v in values)
-            key = next((k for k in paper if k in (label, joined)), None)
+            key = _paper_key(paper, keys, values)
             row["paper (%)"] = paper[key] if key else "–"
         out.append(row)
     return pd.DataFrame(out)
+
+
+def _paper_key(paper: dict[str, Any], keys: list[str], values: tuple) -> str | None:
+    """The key of ``[meta.paper]`` that names this configuration: its grid values joined by ``/`` in any
+    order (``v2/contiguous``), or its variant or strategy alone."""
+    row = dict(zip(keys, values))
+    parts = sorted(str(v) for v in values)
+    single = str(row.get("variant", row.get("strategy", "")))
+    return next((k for k in paper if sorted(k.split("/")) == parts), None) or (single if single in paper else None)
+
+
+def _paper_value(paper: dict[str, Any], key: str | None) -> float | None:
+    value = paper.get(key) if key else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def ranked_pairs(labels: list[str], meta: dict[str, Any], paper_of: dict[str, float | None] | None = None,
+                 context_of: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """The pairs a table ranks: ``[meta] pairs`` when the sweep file lists them (by label), else
+    neighbours in the paper's order (highest first) among the configurations that share every grid
+    value but the first (``v2/contiguous`` against ``v1/contiguous``, never ``v1/label-sorted``).
+
+    Args:
+        labels: the configurations present (:func:`_label`).
+        paper_of: each label's paper figure (default: ``[meta.paper]`` by label).
+        context_of: each label's :func:`_context` (default: one context for all).
+    """
+    if meta.get("pairs"):
+        return [(str(a), str(b)) for a, b in meta["pairs"] if a in labels and b in labels]
+    paper = meta.get("paper", {}) or {}
+    paper_of = paper_of if paper_of is not None else {lb: _paper_value(paper, lb) for lb in labels}
+    context_of = context_of or {}
+    pairs = []
+    for context in dict.fromkeys(context_of.get(lb, "") for lb in labels):
+        ranked = sorted((lb for lb in labels if context_of.get(lb, "") == context and paper_of.get(lb) is not None),
+                        key=lambda lb: -paper_of[lb])
+        pairs += [(ranked[i], ranked[i + 1]) for i in range(len(ranked) - 1)
+                  if paper_of[ranked[i]] != paper_of[ranked[i + 1]]]
+    return pairs
+
+
+def comparisons(table: pd.DataFrame, keys: list[str], meta: dict[str, Any],
+                metric: str = "final_accuracy") -> list[tuple[Paired, str]]:
+    """Each ranked pair's paired comparison of ``metric`` over the seeds both completed, with the
+    verdict beside the paper's order (``holds``, ``reversed``, ``not distinguishable``, ``–``)."""
+    keys = [k for k in keys if k in table.columns] or ["strategy"]
+    if "seed" not in table.columns:
+        return []
+    per: dict[str, dict[int, float]] = {}
+    paper = meta.get("paper", {}) or {}
+    paper_of: dict[str, float | None] = {}
+    context_of: dict[str, str] = {}
+    for values, group in table.groupby(keys, sort=False):
+        values = values if isinstance(values, tuple) else (values,)
+        done = group.loc[~_diverged(group)]
+        label = _label(keys, values)
+        per[label] = dict(zip(done["seed"].astype(int), done[metric].astype(float)))
+        paper_of[label] = _paper_value(paper, _paper_key(paper, keys, values))
+        context_of[label] = _context(keys, values)
+    out = []
+    for a, b in ranked_pairs(list(per), meta, paper_of, context_of):
+        p = paired(a, b, per[a], per[b])
+        out.append((p, p.against(paper_of[a], paper_of[b])))
+    return out
+
+
+def _p(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:.3f}"
+
+
+def pairs_table(table: pd.DataFrame, keys: list[str], meta: dict[str, Any]) -> pd.DataFrame:
+    """One row per ranked pair: the paired difference of final accuracy (points) with its 95 % interval,
+    the paired t-test's and (n ≥ 6) Wilcoxon's p-values, our verdict and, beside the paper's
+    order, ``holds``, ``reversed`` or ``not distinguishable``."""
+    paper = meta.get("paper", {}) or {}
+    keys = [k for k in keys if k in table.columns] or ["strategy"]
+    paper_of = {_label(keys, v if isinstance(v, tuple) else (v,)):
+                _paper_value(paper, _paper_key(paper, keys, v if isinstance(v, tuple) else (v,)))
+                for v, _ in table.groupby(keys, sort=False)}
+    rows = []
+    for p, verdict in comparisons(table, keys, meta):
+        pa, pb = paper_of.get(p.a), paper_of.get(p.b)
+        rows.append({
+            "pair (A vs B)": f"{p.a} vs {p.b}", "seeds": p.n,
+            "A − B (points)": "–" if math.isnan(p.diff) else f"{100 * p.diff:+.2f}",
+            "95% CI": "–" if math.isnan(p.low) else f"[{100 * p.low:+.2f}, {100 * p.high:+.2f}]",
+            "t-test p": _p(p.t_p), "Wilcoxon p": _p(p.wilcoxon_p), "ours": p.ours,
+            "paper": "–" if pa is None or pb is None else f"{pa:g} vs {pb:g}",
+            "verdict": verdict,
+        })
+    return pd.DataFrame(rows)
 
 
 def _mean_curves(out: Path, table: pd.DataFrame, keys: list[str], column: str) -> list[tuple[str, pd.DataFrame]]:
@@ -157,6 +273,45 @@ def plot_profiles(out: Path, run_dir: Path) -> Path | None:
     return path
 
 
+def load_results(out: Path) -> tuple[pd.DataFrame, list[str], dict[str, Any]]:
+    """A sweep directory's results table (collected from its runs, else read from ``results.csv``),
+    in sweep order, with its grid keys (less ``seed``) and ``[meta]``.
+
+    Raises:
+        ConfigError: not a directory, or no finished runs.
+    """
+    if not out.is_dir():
+        raise ConfigError(f"'{out}' is not a directory")
+    keys, meta, order = _sweep_meta(out)
+    if any(out.glob("*/summary.json")):
+        table = collect(out, target=float(meta.get("target-accuracy", 0.0)))
+    elif (out / "results.csv").is_file():
+        table = pd.read_csv(out / "results.csv")
+    else:
+        table = pd.DataFrame()
+    if table.empty:
+        raise ConfigError(f"no finished runs under '{out}'")
+    if order:
+        rank = {name: i for i, name in enumerate(order)}
+        table = table.sort_values("run", key=lambda col: col.map(lambda r: rank.get(r, len(rank))), kind="stable")
+    return table, keys, meta
+
+
+def tables(table: pd.DataFrame, keys: list[str], meta: dict[str, Any]) -> str:
+    """The tables of a report, as markdown: the numerics line, the configurations, and the ranked pairs."""
+    modes = sorted(set(table["numerics"].dropna().astype(str))) if "numerics" in table.columns else []
+    lines = [f"Numerics: {', '.join(modes) or 'fast'} (docs/reproducibility.md). Accuracies: mean over seeds "
+             "± half-width of the 95% confidence interval (Student t); diverged runs are counted in `seeds` "
+             "and left out of the final accuracy.", ""]
+    lines += [markdown_table(summarize(table, keys, meta.get("paper"))), ""]
+    pairs = pairs_table(table, keys, meta)
+    if not pairs.empty:
+        lines += ["Paired differences of final accuracy over the seeds both runs completed; "
+                  "\"A above B\" only where the 95% interval excludes 0.", "",
+                  markdown_table(pairs), ""]
+    return "\n".join(lines)
+
+
 def report(out_dir: str | Path) -> Path:
     """Write report.md, curves.png and profiles.png for a sweep directory.
 
@@ -164,26 +319,28 @@ def report(out_dir: str | Path) -> Path:
         ConfigError: the directory holds no finished runs.
     """
     out = Path(out_dir)
-    if not out.is_dir():
-        raise ConfigError(f"'{out}' is not a directory")
-    keys, meta, order = _sweep_meta(out)
-    table = collect(out, target=float(meta.get("target-accuracy", 0.0)))
-    if table.empty:
-        raise ConfigError(f"no finished runs under '{out}'")
-    if order:
-        rank = {name: i for i, name in enumerate(order)}
-        table = table.sort_values("run", key=lambda col: col.map(lambda r: rank.get(r, len(rank))))
-    summary = summarize(table, keys, meta.get("paper"))
+    table, keys, meta = load_results(out)
+    if any(out.glob("*/summary.json")):
+        plot_curves(out, table, keys)
+        plot_curves(out, table, keys, "grad_dissimilarity", "dissimilarity.png",
+                    "gradient dissimilarity (GAS Fig. 2)", logy=True)
+        plot_profiles(out, out / table["run"].iloc[0])
+    path = out / "report.md"
+    path.write_text(render(out, table, keys, meta))
+    return path
+
+
+#: The plots a report links when its directory holds them, with their captions.
+PLOTS = (("curves.png", "curves"), ("dissimilarity.png", "gradient dissimilarity"),
+         ("profiles.png", "device profiles"))
+
+
+def render(out: Path, table: pd.DataFrame, keys: list[str], meta: dict[str, Any]) -> str:
+    """The text of ``report.md``: title, budget, the configurations' table, the pairs' table, and
+    links to the plots that ``out`` holds."""
     lines = [f"# {meta.get('description', out.name)}", ""]
     if meta.get("budget"):
         lines += [f"Budget: {meta['budget']}", ""]
-    lines += [markdown_table(summary), "", "![curves](curves.png)", ""]
-    plot_curves(out, table, keys)
-    if plot_curves(out, table, keys, "grad_dissimilarity", "dissimilarity.png",
-                   "gradient dissimilarity (GAS Fig. 2)", logy=True):
-        lines += ["![gradient dissimilarity](dissimilarity.png)", ""]
-    if plot_profiles(out, out / table["run"].iloc[0]):
-        lines += ["![device profiles](profiles.png)", ""]
-    path = out / "report.md"
-    path.write_text("\n".join(lines))
-    return path
+    lines += [tables(table, keys, meta)]
+    lines += [f"![{caption}]({name})" for name, caption in PLOTS if (out / name).is_file()]
+    return "\n".join(lines) + "\n"

@@ -44,8 +44,9 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
     theirs = tmp_path / "theirs.csv"
     pd.DataFrame({"global_iteration": [1, 2], "test_accuracy": [0.52, 0.70]}).to_csv(theirs, index=False)
     assert main(["compare", str(tmp_path / "out"), "--ours", str(run), "--theirs", str(theirs)]) == 0
-    text = (tmp_path / "out" / "compare.md").read_text()
+    text = " ".join((tmp_path / "out" / "compare.md").read_text().split())  # to_markdown pads the columns
     assert "1 of 2 global iterations inside the band" in text and "| 2 | 1 | 70.0–70.0 | 60.0 |" in text
+    assert "sflower 60.00 (1 runs), authors' code 70.00 (1 runs); difference -10.00: not established at 1 and 1 runs" in text
     assert (tmp_path / "out" / "compare.png").stat().st_size > 0
     assert main(["compare", str(tmp_path / "o2"), "--ours", str(run), "--theirs", str(theirs), "--metric", "acc"]) == 2
     assert "has no column 'acc'" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import pytest
 
 from fl_app.errors import ConfigError
 from simulation.cli import main
-from simulation.report import report, summarize
+from simulation.report import BEST, FINAL, report, summarize
 from simulation.sweep import expand, load_sweep, run_sweep
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -67,7 +67,7 @@ def test_sweep_resumes_and_reports(tmp_path, capsys):
     assert (done / "summary.json").exists()
     assert (kept / "metrics.csv").stat().st_mtime_ns == before
 
-    md = report(out).read_text()
+    md = " ".join(report(out).read_text().split())
     assert "| gas-nogen | 2 |" in md and "| fedavg | 2 |" in md and "12.5" in md
     assert (out / "curves.png").stat().st_size > 0 and (out / "profiles.png").stat().st_size > 0
 
@@ -99,9 +99,10 @@ def test_the_report_counts_diverged_runs_apart():
     })
     rows = summarize(table, ["variant"]).set_index("variant")
     assert rows.loc["a", "seeds"] == "3 (1 diverged)"
-    assert rows.loc["a", "final acc. (%)"] == "85.00 ± 7.07"  # (0.9, 0.8): the diverged 0.5 is left out
-    assert rows.loc["a", "best acc. (%)"] == "88.33 ± 7.64"  # (0.9, 0.95, 0.8)
-    assert rows.loc["b", "seeds"] == "1 (1 diverged)" and rows.loc["b", "final acc. (%)"] == "–"
+    # (0.9, 0.8): the diverged 0.5 is left out; sd 7.071, sem 5, t(0.975, 1 df) = 12.706: ± 63.53
+    assert rows.loc["a", FINAL] == "85.00 ± 63.53"
+    assert rows.loc["a", BEST] == "88.33 ± 18.97"  # (0.9, 0.95, 0.8): sd 7.638, sem 4.410, t(0.975, 2 df) = 4.303
+    assert rows.loc["b", "seeds"] == "1 (1 diverged)" and rows.loc["b", FINAL] == "–"
     assert summarize(table.iloc[[0, 2]], ["variant"]).loc[0, "seeds"] == 2
 
 
