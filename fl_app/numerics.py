@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,6 +79,19 @@ def launch_env(mode: str, environ: Mapping[str, str] | None = None) -> dict[str,
     if mode == "fast" or all(environ.get(k) == v for k, v in PORTABLE_ENV.items()):
         return None
     return {**environ, **PORTABLE_ENV, MARKER: "portable"}
+
+
+def restart(mode: str, module: str, args: list[str]) -> None:
+    """Replace this process by ``python -m module *args`` started with ``mode``'s environment, if it lacks it.
+
+    Returns only when the environment already suits ``mode`` (always for ``fast``).
+    """
+    env = launch_env(mode)
+    if env is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", module, *args], env)
 
 
 def establish(mode: str) -> None:

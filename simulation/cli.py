@@ -360,16 +360,10 @@ def _restart_for_numerics(args: argparse.Namespace, argv: Sequence[str] | None) 
     Only the console script restarts (``argv`` None): a caller of :func:`main`
     in its own process gets :func:`~fl_app.numerics.establish`'s one-line error instead.
     """
-    import os
+    from fl_app.numerics import restart
 
-    from fl_app.numerics import launch_env
-
-    env = launch_env(_numerics_of(args))
-    if env is None or argv is not None:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "simulation.cli", *sys.argv[1:]], env)
+    if argv is None:
+        restart(_numerics_of(args), "simulation.cli", sys.argv[1:])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
