@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +76,14 @@ def _label(keys: list[str], values: tuple) -> str:
     return "/".join(str(v) for v in values)
 
 
+def _compared_key(keys: list[str]) -> str:
+    """The grid key whose values a table ranks: ``variant``, else ``strategy``, else the first grid key."""
+    return next((k for k in ("variant", "strategy") if k in keys), keys[0])
+
+
 def _context(keys: list[str], values: tuple) -> str:
-    """What a configuration shares with those it is ranked against: its grid values but the compared one
-    (``variant``, else ``strategy``, else the first grid key)."""
-    compared = next((k for k in ("variant", "strategy") if k in keys), keys[0])
+    """What a configuration shares with those it is ranked against: its grid values but the compared one."""
+    compared = _compared_key(keys)
     return "/".join(str(v) for k, v in zip(keys, values) if k != compared)
 
 
@@ -125,53 +130,72 @@ def _paper_value(paper: dict[str, Any], key: str | None) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def ranked_pairs(labels: list[str], meta: dict[str, Any], paper_of: dict[str, float | None] | None = None,
-                 context_of: dict[str, str] | None = None) -> list[tuple[str, str]]:
-    """The pairs a table ranks: ``[meta] pairs`` when the sweep file lists them (by label), else
-    neighbours in the paper's order (highest first) among the configurations that share every grid
-    value but the first (``v2/contiguous`` against ``v1/contiguous``, never ``v1/label-sorted``).
+@dataclass(frozen=True)
+class Config:
+    """One configuration of a table, as :func:`ranked_pairs` sees it.
 
-    Args:
-        labels: the configurations present (:func:`_label`).
-        paper_of: each label's paper figure (default: ``[meta.paper]`` by label).
-        context_of: each label's :func:`_context` (default: one context for all).
+    Attributes:
+        context: the grid values it shares with those it is ranked against (:func:`_context`).
+        value: its value of the compared key (its variant or strategy).
+        paper: the paper's figure for it (None: the paper gives none).
     """
-    if meta.get("pairs"):
-        return [(str(a), str(b)) for a, b in meta["pairs"] if a in labels and b in labels]
-    paper = meta.get("paper", {}) or {}
-    paper_of = paper_of if paper_of is not None else {lb: _paper_value(paper, lb) for lb in labels}
-    context_of = context_of or {}
-    pairs = []
-    for context in dict.fromkeys(context_of.get(lb, "") for lb in labels):
-        ranked = sorted((lb for lb in labels if context_of.get(lb, "") == context and paper_of.get(lb) is not None),
-                        key=lambda lb: -paper_of[lb])
+
+    context: str
+    value: str
+    paper: float | None = None
+
+
+def ranked_pairs(configs: dict[str, Config], meta: dict[str, Any]) -> list[tuple[str, str]]:
+    """The pairs a table ranks, by label: within each context (``contiguous``, ``label-sorted``, ...),
+    the neighbours in the paper's order (highest first), then the sweep file's ``[meta] pairs``
+    (``[["gas", "gas-nogen"]]``: by the compared key's values, or by labels), without repeats."""
+    pairs: list[tuple[str, str]] = []
+    for context in dict.fromkeys(c.context for c in configs.values()):
+        here = {lb: c for lb, c in configs.items() if c.context == context}
+        ranked = sorted((lb for lb, c in here.items() if c.paper is not None), key=lambda lb: -here[lb].paper)
         pairs += [(ranked[i], ranked[i + 1]) for i in range(len(ranked) - 1)
-                  if paper_of[ranked[i]] != paper_of[ranked[i + 1]]]
+                  if here[ranked[i]].paper != here[ranked[i + 1]].paper]
+        by_value = {c.value: lb for lb, c in here.items()}
+        for a, b in meta.get("pairs", []) or []:
+            la, lb_ = by_value.get(str(a), str(a) if str(a) in here else None), by_value.get(str(b), str(b) if str(b) in here else None)
+            if la and lb_ and (la, lb_) not in pairs and (lb_, la) not in pairs:
+                pairs.append((la, lb_))
     return pairs
 
 
 def comparisons(table: pd.DataFrame, keys: list[str], meta: dict[str, Any],
                 metric: str = "final_accuracy") -> list[tuple[Paired, str]]:
     """Each ranked pair's paired comparison of ``metric`` over the seeds both completed, with the
-    verdict beside the paper's order (``holds``, ``reversed``, ``not distinguishable``, ``–``)."""
+    verdict beside the paper's order (``holds``, ``reversed``, ``not distinguishable``, ``not established``).
+    A pair of ``[meta] pairs`` whose paper figures are missing is taken as the paper's statement
+    "first above second"."""
     keys = [k for k in keys if k in table.columns] or ["strategy"]
     if "seed" not in table.columns:
         return []
     per: dict[str, dict[int, float]] = {}
-    paper = meta.get("paper", {}) or {}
-    paper_of: dict[str, float | None] = {}
-    context_of: dict[str, str] = {}
+    configs = _configs(table, keys, meta)
     for values, group in table.groupby(keys, sort=False):
-        values = values if isinstance(values, tuple) else (values,)
         done = group.loc[~_diverged(group)]
-        label = _label(keys, values)
-        per[label] = dict(zip(done["seed"].astype(int), done[metric].astype(float)))
-        paper_of[label] = _paper_value(paper, _paper_key(paper, keys, values))
-        context_of[label] = _context(keys, values)
+        per[_label(keys, values if isinstance(values, tuple) else (values,))] = dict(
+            zip(done["seed"].astype(int), done[metric].astype(float)))
     out = []
-    for a, b in ranked_pairs(list(per), meta, paper_of, context_of):
+    for a, b in ranked_pairs(configs, meta):
         p = paired(a, b, per[a], per[b])
-        out.append((p, p.against(paper_of[a], paper_of[b])))
+        pa, pb = configs[a].paper, configs[b].paper
+        # a pair without the paper's figures is one of [meta] pairs: the paper states "a above b" in words
+        out.append((p, p.against(pa, pb) if pa is not None and pb is not None else p.against(1.0, 0.0)))
+    return out
+
+
+def _configs(table: pd.DataFrame, keys: list[str], meta: dict[str, Any]) -> dict[str, Config]:
+    """Every configuration of ``table`` by label, with its context, compared value and paper figure."""
+    paper = meta.get("paper", {}) or {}
+    compared = _compared_key(keys)
+    out = {}
+    for values, _ in table.groupby(keys, sort=False):
+        values = values if isinstance(values, tuple) else (values,)
+        out[_label(keys, values)] = Config(_context(keys, values), str(dict(zip(keys, values))[compared]),
+                                           _paper_value(paper, _paper_key(paper, keys, values)))
     return out
 
 
@@ -183,20 +207,17 @@ def pairs_table(table: pd.DataFrame, keys: list[str], meta: dict[str, Any]) -> p
     """One row per ranked pair: the paired difference of final accuracy (points) with its 95 % interval,
     the paired t-test's and (n ≥ 6) Wilcoxon's p-values, our verdict and, beside the paper's
     order, ``holds``, ``reversed`` or ``not distinguishable``."""
-    paper = meta.get("paper", {}) or {}
     keys = [k for k in keys if k in table.columns] or ["strategy"]
-    paper_of = {_label(keys, v if isinstance(v, tuple) else (v,)):
-                _paper_value(paper, _paper_key(paper, keys, v if isinstance(v, tuple) else (v,)))
-                for v, _ in table.groupby(keys, sort=False)}
+    configs = _configs(table, keys, meta)
     rows = []
     for p, verdict in comparisons(table, keys, meta):
-        pa, pb = paper_of.get(p.a), paper_of.get(p.b)
+        pa, pb = configs[p.a].paper, configs[p.b].paper
         rows.append({
             "pair (A vs B)": f"{p.a} vs {p.b}", "seeds": p.n,
             "A − B (points)": "–" if math.isnan(p.diff) else f"{100 * p.diff:+.2f}",
             "95% CI": "–" if math.isnan(p.low) else f"[{100 * p.low:+.2f}, {100 * p.high:+.2f}]",
             "t-test p": _p(p.t_p), "Wilcoxon p": _p(p.wilcoxon_p), "ours": p.ours,
-            "paper": "–" if pa is None or pb is None else f"{pa:g} vs {pb:g}",
+            "paper": f"{p.a} above (stated)" if pa is None or pb is None else f"{pa:g} vs {pb:g}",
             "verdict": verdict,
         })
     return pd.DataFrame(rows)

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from simulation.report import pairs_table, ranked_pairs
+from simulation.report import Config, pairs_table, ranked_pairs
 from simulation.stats import mean_ci, paired, unpaired
 
 
@@ -57,9 +57,16 @@ def test_the_pairs_table_ranks_only_what_the_interval_supports():
                  ("c", s, "completed", 0.70 + (0.05 if s % 2 else -0.05))]
     rows[2] = ("c", 0, "diverged: nan", 0.2)  # seed 0 of c diverged: a vs c on seeds 1-4 (differences -0.04, 0.07, -0.02, 0.09)
     meta = {"paper": {"a": 80.0, "b": 90.0, "c": 70.0}}
-    assert ranked_pairs(["a", "b", "c"], meta) == [("b", "a"), ("a", "c")]
+    configs = {x: Config("", x, meta["paper"][x]) for x in "abc"}
+    assert ranked_pairs(configs, meta) == [("b", "a"), ("a", "c")]
     t = pairs_table(_table(rows), ["variant"], meta).set_index("pair (A vs B)")
     assert t.loc["b vs a", "ours"] == "a above b" and t.loc["b vs a", "verdict"] == "reversed"
     assert t.loc["a vs c", "seeds"] == 4 and t.loc["a vs c", "verdict"] == "not distinguishable"
-    meta["pairs"] = [["a", "c"]]
-    assert ranked_pairs(["a", "b", "c"], meta) == [("a", "c")]
+    # a stated pair without the paper's figures: "c above b" in the paper's words, and b is above c here
+    t = pairs_table(_table(rows), ["variant"], {"paper": {}, "pairs": [["c", "b"]]}).set_index("pair (A vs B)")
+    assert t.loc["c vs b", "paper"] == "c above (stated)" and t.loc["c vs b", "verdict"] in ("reversed", "not distinguishable")
+    assert ranked_pairs(configs, {**meta, "pairs": [["c", "a"], ["b", "c"]]}) == [("b", "a"), ("a", "c"), ("b", "c")]
+    # two partitions: ranked within each, never across; explicit pairs by variant apply in each
+    split = {f"{v}/{p}": Config(p, v, {"a": 80.0, "b": 90.0}.get(v)) for p in ("iid", "shard") for v in "abc"}
+    assert ranked_pairs(split, {"pairs": [["a", "c"]]}) == [("b/iid", "a/iid"), ("a/iid", "c/iid"),
+                                                              ("b/shard", "a/shard"), ("a/shard", "c/shard")]
