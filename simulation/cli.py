@@ -341,6 +341,8 @@ def _numerics_of(args: argparse.Namespace) -> str:
             config = json.loads(saved.read_text()).get("config", {}) if saved.is_file() else {}
             return str(config.get("numerics", "fast"))
         return pairs.get("numerics", "fast")
+    if args.command == "deploy" and args.pairs[:1] != ["bench"]:  # its SuperLink and SuperNodes inherit the environment
+        return parse_key_values(list(args.pairs)).get("numerics", "fast")
     if args.command == "sweep":
         from simulation.sweep import expand, load_sweep, run_config
 
