@@ -4,8 +4,7 @@ A run is deterministic from its seed on one machine in either mode. Across
 machines, ``fast`` (the default) is not: PyTorch, MKL and oneDNN each pick
 their kernels by the CPU's instruction set, float rounding differs between
 those kernels, and long runs turn the rounding into points of accuracy
-(zeroth-order runs most: 4.5 points on MU-SplitFed's ZO-SplitFed row,
-issue 33). ``portable`` pins every such choice to one that every x86-64
+(zeroth-order runs most; docs/reproducibility.md shows it). ``portable`` pins every such choice to one that every x86-64
 CPU can run, so that the same seed and configuration give the same
 ``metrics.csv`` (every column but ``wall_time_s``) on every such machine:
 
@@ -17,15 +16,15 @@ CPU can run, so that the same seed and configuration give the same
 * one intra-op thread (``torch.set_num_threads(1)``), so that no reduction
   is split by the core count.
 
-What these cannot pin (docs/reproducibility.md measures it): the C
+What these cannot pin (docs/reproducibility.md names it; none of it is measured): the C
 library's ``exp``/``log`` (glibc chooses FMA variants by the CPU at load
 time), and the build of torch itself: the same torch version and the same
 architecture (x86-64) are required; ARM machines take other kernels.
 
 ATen and MKL read their variables once, before the first tensor operation
 of a process, so ``portable`` needs them in the environment before the
-process starts: ``sflower run`` and ``sflower sweep`` restart themselves with
-them (:func:`launch_env`); elsewhere (``flwr run``, SuperNodes)
+process starts: ``sflower run``, ``sweep`` and ``deploy`` restart themselves with
+them (:func:`restart`); elsewhere (``flwr run``, SuperNodes)
 :func:`establish` checks them and stops with one line that names the
 ``export`` to give.
 """
@@ -51,10 +50,6 @@ PORTABLE_ENV: dict[str, str] = {
     "MKL_NUM_THREADS": "1",
 }
 
-#: The variable that tells a process (and its children) that it was started for portable numerics.
-MARKER = "SFLOWER_NUMERICS"
-
-
 def check_mode(mode: str) -> None:
     """Raises ConfigError (one line) unless ``mode`` is one of :data:`MODES`."""
     if mode not in MODES:
@@ -78,7 +73,7 @@ def launch_env(mode: str, environ: Mapping[str, str] | None = None) -> dict[str,
     environ = dict(os.environ if environ is None else environ)
     if mode == "fast" or all(environ.get(k) == v for k, v in PORTABLE_ENV.items()):
         return None
-    return {**environ, **PORTABLE_ENV, MARKER: "portable"}
+    return {**environ, **PORTABLE_ENV}
 
 
 def restart(mode: str, module: str, args: list[str]) -> None:

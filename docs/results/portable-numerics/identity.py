@@ -56,7 +56,7 @@ CONFIGS = {
 
 def run(config: list[str], mode: str, setting: dict[str, str], out: Path) -> tuple[str, float]:
     env = {k: v for k, v in os.environ.items() if k not in (*PORTABLE_ENV, "MKL_ENABLE_INSTRUCTIONS",
-                                                            "ONEDNN_MAX_CPU_ISA", "SFLOWER_NUMERICS")}
+                                                            "ONEDNN_MAX_CPU_ISA")}
     env.update(setting)
     cmd = [sys.executable, "-m", "simulation.cli", "run", "-q", *config, f"numerics={mode}", f"output-dir={out}"]
     subprocess.run(cmd, env=env, check=True, capture_output=True)
