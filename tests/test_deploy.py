@@ -114,13 +114,17 @@ def test_gas_with_an_unauthorised_supernode(tmp_path: Path) -> None:
 
 @needs_flower
 def test_a_node_killed_mid_session_is_excluded_and_the_run_finishes(tmp_path: Path) -> None:
-    """SIGKILL of a SuperNode (and its ClientApp) mid-session: its stream breaks, the client is excluded at its
-    next request with the reason (not after Flower's heartbeat timeout), and the others finish the run."""
+    """SIGKILL of a SuperNode (and its ClientApp) mid-session: the client is excluded as unavailable (so it may be
+    re-admitted), and the others finish the run.
+
+    Which side notices first is a race on a loaded machine: the session's stream breaking, or SuperLink's
+    heartbeat error on the node's opening message. Both reasons say "node unavailable"."""
     summary, run_dir = _deploy(tmp_path, nodes="3", strategy="gas", **{
         "global-iterations": "60", "eval-every": "20", "kill-node": "1", "kill-after": "8"})
     assert summary["status"] == "completed" and summary["deploy"]["killed_node"] == 1
     reason = summary["failure_reasons"]["1"]
-    assert "stream" in reason and "node unavailable" in reason.lower(), reason  # it broke, or the node ended it
+    assert "node unavailable" in reason.lower(), reason
+    assert "stream" in reason or "heartbeat" in reason, reason  # the stream broke, or SuperLink's heartbeat lapsed
     assert summary["failed_clients"] == [1]
     rows = read_metrics(run_dir / "out" / "metrics.csv")
     assert int(rows[-1]["global_iteration"]) == 60
