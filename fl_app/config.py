@@ -376,7 +376,7 @@ class RunConfig:
         return f"RunConfig({self._values!r})"
 
 
-#: The experiment trackers of the ``tracker`` key (:mod:`simulation.trackers` implements them).
+#: The experiment trackers of the ``tracker`` key (:mod:`simulation.outputs.trackers` implements them).
 TRACKERS: tuple[str, ...] = ("tensorboard", "mlflow", "wandb")
 
 

@@ -46,8 +46,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from simulation.ray_engine import pop_engine_options, run_ray
-    from strategies import checkpoint as ckpt
-    from strategies.base import CHECKPOINT_UNSUPPORTED, DivergedError, RunFailedError
+    from strategies.core import checkpoint as ckpt
+    from strategies.core.base import CHECKPOINT_UNSUPPORTED, DivergedError, RunFailedError
 
     engine, pairs = _split_engine(parse_key_values(args.pairs))
     engine_options = pop_engine_options(engine, pairs)  # ray-address, ray-cpus, ray-gpus
@@ -129,9 +129,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     Loads ``RUN_DIR/model.safetensors`` (or the file given, e.g.
     ``RUN_DIR/model-best.safetensors``) and evaluates it on the run's test set,
-    or on ``dataset``'s; see :func:`fl_app.saved_model.evaluate_saved_model`.
+    or on ``dataset``'s; see :func:`simulation.outputs.saved_model.evaluate_saved_model`.
     """
-    from fl_app.saved_model import evaluate_saved_model
+    from simulation.outputs.saved_model import evaluate_saved_model
 
     pairs = {k.replace("_", "-"): v for k, v in parse_key_values(args.pairs).items()}
     unknown = sorted(set(pairs) - set(EVALUATE_KEYS))
@@ -152,7 +152,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     ``sflower deploy bench [options]`` measures the split exchange against an
     echo ClientApp instead. See :mod:`simulation.deploy` and
-    :mod:`simulation.bench.deploy`.
+    :mod:`benchmarks.deploy`.
     """
     from simulation.deploy.options import parse_deploy_args
     from simulation.deploy.processes import DeployError, flower_binaries_missing
@@ -163,7 +163,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         raise ConfigError(f"deploy needs Flower's {', '.join(missing)} (pip install 'flwr[simulation]>=1.41.0,<1.42')")
     words = list(args.pairs)
     if words[:1] == ["bench"]:
-        from simulation.bench.deploy import run_bench
+        _benchmarks_on_path()
+        from benchmarks.deploy import run_bench
 
         try:
             run_bench(parse_key_values(words[1:]))
@@ -186,7 +187,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def cmd_strategies(args: argparse.Namespace) -> int:
     """``sflower strategies``: list the registered strategies."""
-    from strategies.registry import get_strategy, strategy_names
+    from strategies.core.registry import get_strategy, strategy_names
 
     for name in strategy_names():
         cls = get_strategy(name)
@@ -225,7 +226,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """``sflower report DIR``: tables (95 % intervals, paired verdicts) and plots of a sweep;
     ``sflower report --pages [--check]``: the generated tables of README.md and docs/."""
-    from simulation.report import report
+    from simulation.outputs.report import report
 
     if args.pages:
         from simulation.pages import update_pages
@@ -242,9 +243,24 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _benchmarks_on_path() -> None:
+    """Make the checkout's ``benchmarks/`` importable: it is not part of the installed package.
+
+    Raises:
+        ConfigError: sflower was installed without its repository (no ``benchmarks/`` beside ``simulation/``).
+    """
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "benchmarks" / "runner.py").is_file():
+        raise ConfigError("the benchmarks live in the repository's benchmarks/ folder: run sflower bench from a "
+                          "checkout (pip install -e .)")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """``sflower bench``: the benchmarks (or those named), figures and ratios."""
-    from simulation.bench.runner import BENCHMARKS, DEFAULT_BENCHMARKS, run_benchmarks
+    _benchmarks_on_path()
+    from benchmarks.runner import BENCHMARKS, DEFAULT_BENCHMARKS, run_benchmarks
 
     names = args.only or list(DEFAULT_BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]

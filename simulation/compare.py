@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from fl_app.errors import ConfigError
-from simulation.report import markdown_table
+from simulation.outputs.report import markdown_table
 from simulation.stats import mean_ci, unpaired
 
 

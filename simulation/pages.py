@@ -6,7 +6,7 @@ A markdown file states a sweep's results through a marked block::
     (the tables of that directory's report, written by this module)
     <!-- end sflower-report -->
 
-whose content is :func:`simulation.report.tables` of the named directory's
+whose content is :func:`simulation.outputs.report.tables` of the named directory's
 ``results.csv`` and ``sweep.json``: the configurations with their 95 %
 intervals and the ranked pairs with their verdicts. The prose around a
 block is written by hand; its numbers are not. ``sflower report --pages``
@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from simulation.report import load_results, tables
+from simulation.outputs.report import load_results, tables
 
 #: A generated block: its directory (relative to the repository root) and its content.
 BLOCK = re.compile(r"(<!-- sflower-report (?P<dir>\S+) -->\n)(?P<body>.*?)(<!-- end sflower-report -->)", re.S)

@@ -22,17 +22,17 @@ from fl_app.config import RunConfig
 from fl_app.device import resolve_device
 from fl_app.errors import ConfigError
 from fl_app.numerics import establish, machine_record
-from fl_app.outputs import RunRecorder, default_output_dir
-from fl_app.saved_model import ModelSaver
+from simulation.outputs.records import RunRecorder, default_output_dir
+from simulation.outputs.saved_model import ModelSaver
 from fl_app.task import Task, check_batch_size, load_task, write_partition_plot
 from simulation.session import check_transport, choose_transport, open_session_grid
 from simulation.timing.clocks import VirtualClock, WallClock
 from simulation.timing.devices import draw_profiles
 from simulation.timing.durations import DeviceTiming, ZeroTiming
-from simulation.trackers import TrackingContext, check_trackers, open_trackers
-from strategies.base import CHECKPOINT_UNSUPPORTED
-from strategies.checkpoint import CHECKPOINT_FILE
-from strategies.registry import get_strategy
+from simulation.outputs.trackers import TrackingContext, check_trackers, open_trackers
+from strategies.core.base import CHECKPOINT_UNSUPPORTED
+from strategies.core.checkpoint import CHECKPOINT_FILE
+from strategies.core.registry import get_strategy
 
 log = logging.getLogger("sflower")
 
@@ -108,8 +108,8 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     With ``checkpoint-every`` > 0 the strategy writes ``out_dir/checkpoint.pt``;
     with ``plan.resume_from`` it continues from that checkpoint. The run
     directory also gets ``partition.png`` (the clients' label histograms),
-    the trained model (``model.safetensors``, :mod:`fl_app.saved_model`) and
-    the ``tracker`` key's logs (:mod:`simulation.trackers`).
+    the trained model (``model.safetensors``, :mod:`simulation.outputs.saved_model`) and
+    the ``tracker`` key's logs (:mod:`simulation.outputs.trackers`).
 
     Raises:
         ConfigError: checkpoints or resume asked for on a grid that cannot

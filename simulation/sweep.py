@@ -48,7 +48,7 @@ from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
 
 if TYPE_CHECKING:
-    from simulation.trackers import TrackingContext
+    from simulation.outputs.trackers import TrackingContext
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
@@ -120,7 +120,7 @@ def is_complete(run_dir: Path) -> bool:
 def tracking_context(out: Path, run: Mapping[str, Any], grid_keys: list[str]) -> TrackingContext:
     """The trackers' names for one run of a sweep in ``out``: the sweep's store, the run's grid keys as tags."""
     from fl_app.config import DEFAULTS
-    from simulation.trackers import TrackingContext
+    from simulation.outputs.trackers import TrackingContext
 
     tags = {k: str(run[k]) for k in grid_keys}
     tags.setdefault("seed", str(run.get("seed", DEFAULTS["seed"])))
@@ -138,7 +138,7 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
     from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from simulation.ray_engine import run_ray
-    from strategies.base import DivergedError, RunFailedError
+    from strategies.core.base import DivergedError, RunFailedError
 
     spec = load_sweep(path)
     out = Path(out_dir) if out_dir else Path("runs") / Path(path).stem

@@ -179,4 +179,4 @@ def test_checks_see_the_code():
     """The checks above look at something: the known strategies and the ServerApp's imports are found."""
     found = {cls for _, cls, _ in _strategy_classes()}
     assert {"GAS", "RingSFL"} <= found, found
-    assert "strategies.registry" in {t for t, _ in imports("simulation.server_app")}
+    assert "strategies.core.registry" in {t for t, _ in imports("simulation.server_app")}

@@ -1,7 +1,7 @@
 """The ZO memory claim (MU-SplitFed): one ZO client step peaks below a first-order
 one on AlexNet's client part, which keeps no autograd graph."""
 
-from simulation.bench.memory import measure
+from benchmarks.memory import measure
 
 
 def test_zo_step_peaks_below_first_order_on_alexnet():
@@ -15,7 +15,7 @@ def test_peak_is_the_peak_of_the_running_sum():
     not the largest one (4 MB), but the most held at once (6 MB)."""
     import torch
 
-    from simulation.bench.memory import peak_bytes
+    from benchmarks.memory import peak_bytes
 
     def allocations():
         a = torch.empty(1_000_000)  # 4 MB

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from simulation.bench.summary import table
+from benchmarks.summary import table
 
 
 def test_table_gives_old_new_and_ratio_and_skips_rows_neither_side_has():
@@ -43,7 +43,7 @@ def test_summary_without_a_revision_or_with_an_unknown_one_is_a_one_line_error()
 
 def test_side_by_side_alternates_old_and_new_in_their_own_trees(tmp_path):
     """``--against``'s runs: the revision's extracted tree and this checkout, in the order old, new, new, old."""
-    from simulation.bench.common import REPO_ROOT, side_by_side
+    from benchmarks.common import REPO_ROOT, side_by_side
 
     calls = []
     runs = side_by_side("HEAD", tmp_path, 2, lambda src, out: calls.append((src, out.name)) or {"n": len(calls)})
@@ -55,7 +55,7 @@ def test_side_by_side_alternates_old_and_new_in_their_own_trees(tmp_path):
 
 def test_ring_against_head_gives_the_same_round(shared_data, tmp_path):
     """``sflower bench ring --against HEAD`` on 2 steps: both sides run, with the same losses and exchanges."""
-    from simulation.bench.ring import ring_against
+    from benchmarks.ring import ring_against
 
     out = ring_against(tmp_path, "HEAD", 2, shared_data / "mnist", repeats=1)
     assert out["same_results"] and out["old"]["round_s"] > 0 and out["new"]["round_s"] > 0

@@ -24,11 +24,11 @@ import pytest
 
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
-from fl_app.outputs import RunRecorder
+from simulation.outputs.records import RunRecorder
 from simulation.server_app import plan_run
 from simulation import cli
 from simulation.engine import run_inprocess
-from strategies import checkpoint as ckpt
+from strategies.core import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fl_app import protocol as P
 from fl_app.protocol.codec import DeferredArray, decode_array, encode_array, view_array
-from strategies.validation import _all_finite
+from strategies.core.validation import _all_finite
 
 
 def _npy(values: np.ndarray) -> bytes:

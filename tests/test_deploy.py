@@ -160,7 +160,7 @@ def _run_with_dead_node(clock: str, monkeypatch: pytest.MonkeyPatch, tmp_path: P
     from fl_app.client_app import app
     from simulation.server_app import plan_run, run_server
     from simulation.engine import InProcessGrid, _task_identity
-    from strategies.base import SFLStrategy
+    from strategies.core.base import SFLStrategy
 
     monkeypatch.setattr(SFLStrategy, "readmit_every_s", 0.0)
     reason = "Error: Node Unavailable — The destination node failed to report a heartbeat within 2 × its interval."

@@ -112,7 +112,7 @@ def _connect(cfg, node_configs):
     from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
     from simulation.timing.durations import ZeroTiming
-    from strategies.registry import get_strategy
+    from strategies.core.registry import get_strategy
 
     grid = InProcessGrid(app, len(node_configs), seed=cfg.seed, node_configs=node_configs)
     s = get_strategy(cfg.strategy)(cfg, load_task(cfg), clock=VirtualClock(), timing=ZeroTiming(), progress=False)
@@ -196,7 +196,7 @@ def test_device_nodes_without_ids_train(parts, tmp_path):
     (lambda tmp, parts: {"data-dir": str(parts[1]), "num-partitions": 5}, "num-partitions=5"),
 ])
 def test_bad_node_data_fails_the_handshake_in_one_line(make_config, fragment, parts, tmp_path, server_identity):
-    from strategies.base import RunFailedError
+    from strategies.core.base import RunFailedError
 
     (tmp_path / "stray.txt").write_text("not a dataset")
     configs = [{"data-dir": str(parts[0])}, make_config(tmp_path, parts), {"data-dir": str(parts[2])}]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from flwr.app import RecordDict
 
-from strategies.clock import Timing
+from strategies.core.clock import Timing
 from tests.conftest import make_cfg
 from tests.test_runtime import ScriptedGrid, node_of
 
@@ -24,7 +24,7 @@ class FlopSeconds(Timing):
 
 
 def req(seconds, tag=None):
-    from strategies.dispatcher import Request
+    from strategies.core.dispatcher import Request
 
     return Request("train.forward", RecordDict(), flops=seconds, tag=tag)
 
@@ -42,8 +42,8 @@ def strategy(server_identity):
     """An SFLStrategy on a scripted grid of 4 nodes; ``strategy(release)``."""
     from fl_app.task import load_task
     from simulation.timing.clocks import VirtualClock
-    from strategies.base import ClientInfo, SFLStrategy
-    from strategies.dispatcher import Dispatcher
+    from strategies.core.base import ClientInfo, SFLStrategy
+    from strategies.core.dispatcher import Dispatcher
 
     def build(release=all_at_once, n=4):
         cfg = make_cfg(num_clients=n, concurrency=n)
@@ -147,8 +147,8 @@ def test_expected_duration_is_the_mean_and_draws_nothing(server_identity):
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.devices import DEFAULT_FLOPS_PER_S, draw_profiles
     from simulation.timing.durations import DeviceTiming
-    from strategies.base import ClientInfo, SFLStrategy
-    from strategies.dispatcher import Dispatcher
+    from strategies.core.base import ClientInfo, SFLStrategy
+    from strategies.core.dispatcher import Dispatcher
 
     cfg = make_cfg(num_clients=2, concurrency=2, heterogeneity="exponential")
     timing = DeviceTiming(draw_profiles("exponential", 2, cfg.seed), cfg.seed)

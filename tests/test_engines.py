@@ -163,7 +163,7 @@ def test_a_preloaded_task_is_what_the_handshake_record_looks_up(tmp_path, monkey
     from fl_app.task import load_task, preload_task
 
     plan = plan_run(make_cfg(strategy="gas", num_clients=3, seed=5, output_dir=str(tmp_path / "p")))
-    record = ConfigRecord(dict(plan.cfg.as_dict()))  # what the handshake carries (strategies.base.connect)
+    record = ConfigRecord(dict(plan.cfg.as_dict()))  # what the handshake carries (strategies.core.base.connect)
     client_cfg = RunConfig.from_mapping(dict(record.items()))
     monkeypatch.setattr(task_module, "_PRELOADED", {})  # this process's preloads stay as they were
     shipped = dataclasses.replace(plan.task)

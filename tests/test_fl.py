@@ -1,5 +1,5 @@
 """FL baselines (docs/design.md §7, "Asynchronous FL baselines"): the pure
-update rules of :mod:`strategies.aggregation` against hand-worked numbers,
+update rules of :mod:`strategies.core.aggregation` against hand-worked numbers,
 the strategies' wiring of those rules, and two short in-process runs
 (FedBuff's buffer size, FedAvg actually learning on mnist-5k).
 """
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from strategies.aggregation import (ca2fl_step, fedbuff_step, staleness_weight, state_delta,
+from strategies.core.aggregation import (ca2fl_step, fedbuff_step, staleness_weight, state_delta,
                                     weighted_average)
 from tests.conftest import make_cfg, read_metrics
 
@@ -91,7 +91,7 @@ def test_fedbuff_step_by_hand():
 
 def test_fedbuff_strategy_applies_config():
     """FedBuff.apply_buffer wires server-lr and staleness (the buffer's third item, tau)."""
-    from strategies.fl import FedBuff
+    from strategies.algorithms.fl import FedBuff
 
     s = FedBuff.__new__(FedBuff)
     s.cfg = make_cfg(strategy="fedbuff", staleness="polynomial", server_lr=0.5)
@@ -170,7 +170,7 @@ def test_ca2fl_step_by_hand():
 
 def test_ca2fl_strategy_keeps_its_cache():
     """CA2FL.apply_buffer threads its cache through rounds with N = num-clients."""
-    from strategies.fl import CA2FL
+    from strategies.algorithms.fl import CA2FL
 
     s = CA2FL.__new__(CA2FL)
     s.cfg = make_cfg(strategy="ca2fl", num_clients=3, concurrency=2, server_lr=0.5)
@@ -191,7 +191,7 @@ def test_fedbuff_flushes_after_exactly_k_uploads(tmp_path, monkeypatch):
     """K = fl-buffer = 3 with C = 2 concurrent clients: every flush sees 3 updates."""
     from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
-    from strategies.fl import FedBuff
+    from strategies.algorithms.fl import FedBuff
 
     flushes, replies = [], []
     orig_apply, orig_reply = FedBuff.apply_buffer, FedBuff.on_reply

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from strategies.gapsl import (
+from strategies.algorithms.gapsl import (
     SelectionRatio,
     alignment,
     alignment_penalty_gradient,
@@ -88,7 +88,7 @@ def test_penalty_gradient_matches_autograd():
 def test_regulariser_modes_agree_when_the_hessian_is_the_identity():
     """With L_i = ½‖w − c_i‖² (Hessian I), the first-order mode equals double back-propagation;
     with λ = 0 both are Σ_{i∈Ŝ} g_i; on a non-quadratic loss they differ only by O(λ)."""
-    from strategies.gapsl import aligned_gradient
+    from strategies.algorithms.gapsl import aligned_gradient
 
     w = torch.tensor([0.2, -0.4, 1.0], dtype=torch.float64, requires_grad=True)
     cs = [torch.tensor(v, dtype=torch.float64) for v in ([1.0, 0.0, 0.5], [-0.3, 0.8, 0.1], [0.4, 0.4, -1.0])]
@@ -133,7 +133,7 @@ def _gapsl(**overrides):
     from fl_app.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
-    from strategies.gapsl import GAPSL
+    from strategies.algorithms.gapsl import GAPSL
     from tests.conftest import make_cfg
 
     cfg = make_cfg(strategy="gapsl", model="lenet5", cut_layer=3, global_iterations=10, gapsl_eta=0.5, **overrides)
@@ -197,7 +197,7 @@ def test_unselected_clients_take_no_step(server_identity, one_torch_thread, monk
     """A client outside Ŝ gets no gradient message: only its next forward, then its weights unmetered;
     its client-side model never moves, and it downloads nothing."""
     from tests.test_psl import _run
-    from strategies.gapsl import GAPSL
+    from strategies.algorithms.gapsl import GAPSL
 
     monkeypatch.setattr(GAPSL, "leader_and_selection", lambda self, grads: (grads[0], [0]))
     s, task, _ = _run("gapsl", num_clients=3, concurrency=3, local_iterations=3)

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from fl_app import protocol as P
-from strategies.gas import logit_adjusted_loss
-from strategies.server_step import activation_gradient as shared_activation_gradient
+from strategies.algorithms.gas.strategy import logit_adjusted_loss
+from strategies.core.server_step import activation_gradient as shared_activation_gradient
 
 
 def activation_gradient(model, x, y, prior):
@@ -174,7 +174,7 @@ def make_gas(**overrides):
     from simulation.server_app import plan_run
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
-    from strategies.base import ClientInfo
+    from strategies.core.base import ClientInfo
 
     values = {"strategy": "gas", "dataset": "mnist-5k", "model": "alexnet", "cut-layer": 2,
               "num-clients": 2, "concurrency": 2, "partition": "iid", "heterogeneity": "none",
@@ -207,7 +207,7 @@ def same_state(a, b):
 @pytest.fixture
 def capture_server_steps(monkeypatch):
     """Record the (x, y) of every GAS server step, then run the real step."""
-    import strategies.gas as gas
+    import strategies.algorithms.gas.strategy as gas
 
     calls = []
     real = gas.server_step
@@ -522,7 +522,7 @@ def test_gas_virtual_time_is_ordered(two_runs):
 
 def test_server_step_without_input_grad_is_bit_identical():
     """GAS steps with input_grad=False: same parameters, bit for bit, as the full step."""
-    from strategies.server_step import server_step
+    from strategies.core.server_step import server_step
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),

@@ -1,4 +1,4 @@
-"""Tests for strategies/generation.py and strategies/gaussian_factors.py: GAS per-label Gaussians (eqs. 11-12)."""
+"""Tests for strategies/algorithms/gas/generation.py and strategies/algorithms/gas/gaussian_factors.py: GAS per-label Gaussians (eqs. 11-12)."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fl_app.errors import ConfigError
-from strategies.generation import (
+from strategies.algorithms.gas.generation import (
     EXPONENTIAL_RATE,
     WEIGHTINGS,
     LabelGaussians,

@@ -303,7 +303,7 @@ def test_ringsfl_testbed_profiles_and_their_lengths():
     the lengths 12·C_i/ΣC = 5.05, 5.05, 0.63, 0.63, 0.63 round (largest remainder) to 5, 5, 1, 1, 0;
     the last is raised to 1 with a block from the first of the longest: 4, 5, 1, 1, 1."""
     from simulation.timing.devices import draw_profiles
-    from strategies.ring_schedule import propagation_lengths
+    from strategies.algorithms.ringsfl.schedule import propagation_lengths
 
     profiles = draw_profiles("ringsfl-testbed", 5, seed=3)
     assert [p.flops_per_s for p in profiles] == [2e10, 2e10, 2.5e9, 2.5e9, 2.5e9]

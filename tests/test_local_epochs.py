@@ -53,9 +53,9 @@ def test_async_and_fl_honour_local_epochs(tmp_path):
 
     from fl_app.task import load_task
     from simulation.timing.clocks import VirtualClock
-    from strategies.base import ClientInfo
+    from strategies.core.base import ClientInfo
     from simulation.timing.durations import ZeroTiming
-    from strategies.fl import FedAvg
+    from strategies.algorithms.fl import FedAvg
     from tests.conftest import make_cfg
     from fl_app import protocol as P
 

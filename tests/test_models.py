@@ -637,7 +637,7 @@ def client_node(server_identity, one_torch_thread):
     from fl_app.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
-    from strategies.base import SFLStrategy
+    from strategies.core.base import SFLStrategy
     from simulation.timing.durations import ZeroTiming
     from tests.conftest import make_cfg
 
@@ -660,7 +660,7 @@ def _exchange(s, cut, g_seed=1, accumulate=False):
     from flwr.app import RecordDict
 
     from fl_app import protocol as P
-    from strategies.dispatcher import Request
+    from strategies.core.dispatcher import Request
 
     fwd = P.ForwardConfig(start=0, end=cut, batch_size=4, **OPT)
     r = s.gather({0: Request(P.TRAIN_FORWARD, RecordDict({P.CONFIG: fwd.to_record()}))})[0]
@@ -757,7 +757,7 @@ def test_averaging_and_records_keep_batchnorm_buffers():
     """average_uploads averages float buffers and keeps int64 num_batches_tracked;
     state_record / record_state round-trip keeps dtypes and 0-d shapes."""
     from fl_app import protocol as P
-    from strategies.aggregation import apply_update, average_uploads, state_delta
+    from strategies.core.aggregation import apply_update, average_uploads, state_delta
 
     m = _built("resnet18", (1, 28, 28))
     a = {k: v.clone() for k, v in m.segment(0, 3).state_dict().items()}

@@ -49,7 +49,7 @@ def _run(strategy, **overrides):
     from simulation.engine import InProcessGrid
     from simulation.timing.devices import draw_profiles
     from simulation.timing.durations import DeviceTiming
-    from strategies.registry import get_strategy
+    from strategies.core.registry import get_strategy
 
     cfg = make_cfg(strategy=strategy, partition="dirichlet", alpha=1.0, batch_size=8, global_iterations=1,
                    heterogeneity="gas", **OPT, **overrides)
@@ -123,7 +123,7 @@ def test_vanilla_sl_clients_train_in_turn(server_identity, one_torch_thread):
     server_opt = make_sgd(server, OPT["lr"], OPT["momentum"], OPT["weight_decay"])
     import numpy as np
 
-    from strategies.base import STREAM_SELECTION
+    from strategies.core.base import STREAM_SELECTION
 
     # the cohort order is the seeded selection's: replay it
     rng = np.random.default_rng([s.cfg.seed, STREAM_SELECTION])
@@ -156,7 +156,7 @@ def test_vanilla_sl_clients_train_in_turn(server_identity, one_torch_thread):
 
 def test_last_layer_gradient_aggregation_by_hand():
     """EPSL: φ = 0.5 of B = 4 rows -> rows 0-1 become the mean over the 3 clients, rows 2-3 stay."""
-    from strategies.psl import aggregate_last_layer_gradients
+    from strategies.algorithms.psl import aggregate_last_layer_gradients
 
     g = [torch.full((4, 2), float(k)) for k in (1, 2, 6)]
     g[0][1] = torch.tensor([3.0, -3.0])

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from simulation.cli import main
-from strategies.psl import PSL
+from strategies.algorithms.psl import PSL
 
 ROOT = Path(__file__).resolve().parents[1]
 

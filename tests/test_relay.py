@@ -26,7 +26,7 @@ def relay_setup(server_identity, one_torch_thread):
     from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
     from simulation.timing.durations import DeviceTiming
-    from strategies.base import SFLStrategy
+    from strategies.core.base import SFLStrategy
 
     cfg = make_cfg(num_clients=3, concurrency=3, heterogeneity="gas", partition="iid", batch_size=8, seed=4)
     plan = plan_run(cfg)
@@ -42,7 +42,7 @@ def _state(grid, s, pid):
 
 
 def test_three_node_relay_matches_one_process(relay_setup):
-    from strategies.dispatcher import Request
+    from strategies.core.dispatcher import Request
 
     s, grid, plan = relay_setup
     task, costs, B = plan.task, s.costs, 8
@@ -152,7 +152,7 @@ def test_weighted_accumulation_and_lr_scale(relay_setup):
     """Two weighted backward passes accumulate ``Σ w_i g_i``; ``train.step`` applies it
     with per-block learning-rate multipliers; without ``accumulate`` a weighted step is
     ``w·g``."""
-    from strategies.dispatcher import Request
+    from strategies.core.dispatcher import Request
 
     s, grid, plan = relay_setup
     task, B = plan.task, 8
@@ -197,7 +197,7 @@ def test_backward_with_a_server_held_optimizer_state(relay_setup):
     """A ``train.backward`` carrying :data:`~fl_app.protocol.OPTIMIZER` steps with that momentum
     buffer instead of the slot's own, and returns the new one: ``m' = β·m + g + λ·w``,
     ``w' = w − lr·m'`` (torch's SGD); an empty record means no buffer yet (``m' = g + λ·w``)."""
-    from strategies.dispatcher import Request
+    from strategies.core.dispatcher import Request
 
     s, grid, plan = relay_setup
     task, B = plan.task, 8

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from simulation.pages import BLOCK, blocks, render_page, update_pages
-from simulation.report import load_results, render
+from simulation.outputs.report import load_results, render
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = sorted(p.parent for p in (ROOT / "docs" / "results").glob("*/sweep.json"))

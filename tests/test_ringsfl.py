@@ -22,7 +22,7 @@ from tests.fault_apps import failing_client_app
 
 
 def test_propagation_lengths_by_hand():
-    from strategies.ring_schedule import propagation_lengths
+    from strategies.algorithms.ringsfl.schedule import propagation_lengths
 
     assert propagation_lengths([2e9, 1e9, 1e9], 12) == [6, 3, 3]  # exact: 12·(1/2, 1/4, 1/4)
     assert propagation_lengths([1, 1, 1], 10) == [4, 3, 3]  # 3.33 each; the remainder to the first
@@ -39,7 +39,7 @@ def test_propagation_lengths_by_hand():
 def test_ring_paths_by_hand():
     """Algorithm 2 with the paper's Fig. 2 ring (lengths 2:1:3 on 6 blocks): each path
     starts at its client and covers blocks 0-5 once, node j running its next L_j blocks."""
-    from strategies.ring_schedule import ring_path
+    from strategies.algorithms.ringsfl.schedule import ring_path
 
     assert ring_path([2, 1, 3], 0) == [(0, 0, 2), (1, 2, 3), (2, 3, 6)]
     assert ring_path([2, 1, 3], 1) == [(1, 0, 1), (2, 1, 4), (0, 4, 6)]
@@ -49,7 +49,7 @@ def test_ring_paths_by_hand():
 def test_overlap_counts_fig5():
     """Fig. 5: 2 clients, 2:4. Client 0's flow runs W_0(0,1) then W_1(2,5); client 1's runs
     W_1(0,3) then W_0(4,5); so W_1's layers 2-3 are crossed twice (eq. 7 gives them 2η)."""
-    from strategies.ring_schedule import overlap_counts
+    from strategies.algorithms.ringsfl.schedule import overlap_counts
 
     assert overlap_counts([2, 4]) == [[1, 1, 0, 0, 1, 1], [1, 1, 2, 2, 1, 1]]
     # Fig. 2's ring, from the paths above; every block is crossed N = 3 times over the nodes
@@ -114,7 +114,7 @@ def _run_ring(model, **overrides):
     from simulation.engine import InProcessGrid
     from simulation.timing.devices import draw_profiles
     from simulation.timing.durations import DeviceTiming
-    from strategies.registry import get_strategy
+    from strategies.core.registry import get_strategy
 
     values = dict(strategy="ringsfl", model=model, num_clients=3, concurrency=3, partition="iid", batch_size=8,
                   global_iterations=1, local_iterations=1, heterogeneity="gas", seed=2, **RING_OPT)
@@ -132,8 +132,8 @@ def test_eqs_4_to_7_by_hand(version, mlp6, server_identity, one_torch_thread):
     """The paper's Fig. 2 ring: 3 clients, lengths 2:1:3, the 6-layer MLP, one batch per
     client (unequal D_i: 1334/1333/1333, so the a_i differ). The blended models after the
     round (eq. 4; eq. 7 for v2) and their average (eq. 6) equal the one-process oracle
-    (:func:`simulation.bench.ring.ring_oracle`, which ``sflower bench ring`` times)."""
-    from simulation.bench.ring import ring_oracle
+    (:func:`benchmarks.ring.ring_oracle`, which ``sflower bench ring`` times)."""
+    from benchmarks.ring import ring_oracle
 
     s, task = _run_ring(mlp6, ring_lengths="2:1:3", ring_version=version)
     paths = [[(0, 0, 2), (1, 2, 3), (2, 3, 6)], [(1, 0, 1), (2, 1, 4), (0, 4, 6)], [(2, 0, 3), (0, 3, 5), (1, 5, 6)]]
@@ -178,9 +178,9 @@ def test_d2d_charging_mechanism():
 
     from simulation.timing.durations import DeviceTiming
     from simulation.timing.profiles import DeviceProfile
-    from strategies.base import SFLStrategy
+    from strategies.core.base import SFLStrategy
     from simulation.timing.durations import ZeroTiming
-    from strategies.dispatcher import Request
+    from strategies.core.dispatcher import Request
 
     timing = DeviceTiming([DeviceProfile(0, 1e9, uplink_bps=1e6)], seed=0)
     s = SFLStrategy.__new__(SFLStrategy)
@@ -196,7 +196,7 @@ def test_d2d_charging_mechanism():
 def test_lengths_from_compute_speeds(mlp6, server_identity, one_torch_thread):
     """Without ring-lengths, L_i = C_i/ΣC·W from the devices' FLOP/s (GAS model, seed 2)."""
     from simulation.timing.devices import draw_profiles
-    from strategies.ring_schedule import propagation_lengths
+    from strategies.algorithms.ringsfl.schedule import propagation_lengths
 
     s, task = _run_ring(mlp6)
     speeds = [p.flops_per_s for p in draw_profiles("gas", 3, 2)]
@@ -296,7 +296,7 @@ def test_vanilla_sl_batch_order(server_identity, one_torch_thread):
     from simulation.engine import InProcessGrid
     from simulation.timing.devices import draw_profiles
     from simulation.timing.durations import DeviceTiming
-    from strategies.registry import get_strategy
+    from strategies.core.registry import get_strategy
 
     cfg = make_cfg(strategy="vanilla-sl", sl_order="batch", model="lenet5", cut_layer=3, num_clients=3,
                    concurrency=3, partition="iid", batch_size=8, global_iterations=2, local_iterations=2, seed=4,
@@ -370,7 +370,7 @@ def test_live_objects_change_no_number(strategy, model, tmp_path, monkeypatch):
     piggybacks the next forward on each backward. (Every strategy of
     ``tests/test_engines.py::test_ray_matches_inprocess`` also checks it: Ray keeps nothing.)"""
     from fl_app import live
-    from simulation.bench.ring import time_engine
+    from benchmarks.ring import time_engine
 
     taken = []
     take = live.LiveCache.take_graph
@@ -397,7 +397,7 @@ def test_bench_ring_quick(shared_data, tmp_path):
     """``sflower bench ring`` on 3 steps: the oracle, summing in the order the engine's nodes did,
     ends with the in-process engine's blended models bit for bit (and their average to 1e-6),
     which the rebuilding variant also ends with; the figures are all there."""
-    from simulation.bench import ring as bench_ring
+    from benchmarks import ring as bench_ring
 
     out = bench_ring.run(tmp_path, data_dir=shared_data / "mnist", steps=3, repeats=1, ray=False)
     assert out["oracle_equals_inprocess"] and out["blended_bit_identical"] and out["rebuild_bit_identical"]
@@ -412,7 +412,7 @@ def test_v2_under_momentum_warns_in_one_line(version, momentum, warned, caplog):
     from fl_app.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
-    from strategies.registry import get_strategy
+    from strategies.core.registry import get_strategy
 
     cfg = make_cfg(strategy="ringsfl", model="lenet5", num_clients=3, concurrency=3, ring_version=version,
                    momentum=momentum)

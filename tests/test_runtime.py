@@ -23,7 +23,7 @@ from torch import nn
 from fl_app import protocol as P
 from fl_app.config import DEFAULTS, RunConfig, parse_key_values
 from fl_app.errors import ConfigError
-from strategies.dispatcher import Request
+from strategies.core.dispatcher import Request
 from tests.conftest import TINY, cli_args, make_cfg, read_metrics
 from tests.fault_apps import failing_client_app
 
@@ -172,7 +172,7 @@ def node_of(n):
 
 def test_dispatcher_virtual_order_reverse_arrival(server_identity):
     from simulation.timing.clocks import VirtualClock
-    from strategies.dispatcher import Dispatcher
+    from strategies.core.dispatcher import Dispatcher
 
     grid = ScriptedGrid(release_reverse_one_per_pull)
     clock = VirtualClock()
@@ -207,7 +207,7 @@ def test_dispatcher_virtual_order_reverse_arrival(server_identity):
 def test_dispatcher_virtual_order_random(seed, server_identity):
     """Random durations (with ties) and random real arrival delays: due-time order, ties by send order."""
     from simulation.timing.clocks import VirtualClock
-    from strategies.dispatcher import Dispatcher
+    from strategies.core.dispatcher import Dispatcher
 
     rng = np.random.default_rng(seed)
     n = 8
@@ -238,7 +238,7 @@ def test_dispatcher_virtual_order_random(seed, server_identity):
 
 def test_dispatcher_one_message_in_flight_per_partition(server_identity):
     from simulation.timing.clocks import VirtualClock
-    from strategies.dispatcher import Dispatcher
+    from strategies.core.dispatcher import Dispatcher
 
     grid = ScriptedGrid(lambda unreleased, pulls: unreleased)
     d = Dispatcher(grid, VirtualClock(), node_of(2), poll_interval=0.0)
@@ -254,7 +254,7 @@ def test_dispatcher_one_message_in_flight_per_partition(server_identity):
 
 def test_dispatcher_wall_clock_arrival_order(server_identity):
     from simulation.timing.clocks import WallClock
-    from strategies.dispatcher import Dispatcher
+    from strategies.core.dispatcher import Dispatcher
 
     grid = ScriptedGrid(release_reverse_one_per_pull)
     clock = WallClock()
@@ -273,7 +273,7 @@ def test_dispatcher_wall_clock_arrival_order(server_identity):
 
 def test_dispatcher_timeout_reports_none(server_identity):
     from simulation.timing.clocks import VirtualClock
-    from strategies.dispatcher import Dispatcher
+    from strategies.core.dispatcher import Dispatcher
 
     grid = ScriptedGrid(lambda unreleased, pulls: unreleased, silent={node_of(2)[0]})
     clock = VirtualClock()
@@ -293,7 +293,7 @@ def test_dispatcher_timeout_reports_none(server_identity):
 
 
 def handshake(grid, cfg) -> dict[int, int]:
-    """query.info as strategies/base.py connect() does; returns partition id -> node id."""
+    """query.info as strategies/core/base.py connect() does; returns partition id -> node id."""
     nids = list(grid.get_node_ids())
     task = ConfigRecord(dict(cfg.as_dict()))
     msgs = [Message(RecordDict({P.TASK: task}), nid, P.QUERY_INFO) for nid in nids]
@@ -501,7 +501,7 @@ def test_backward_matches_torch_sgd_exactly(augment, server_identity, monkeypatc
 
 
 def _fake_clients(sizes):
-    from strategies.base import ClientInfo
+    from strategies.core.base import ClientInfo
 
     return {pid: ClientInfo(pid, 100 + pid, n, np.zeros(10, dtype=np.int64)) for pid, n in enumerate(sizes)}
 
@@ -510,7 +510,7 @@ def test_minibatch_sfl_batch_sizes_by_hand():
     from fl_app.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
-    from strategies.splitfed import MiniBatchSFL
+    from strategies.algorithms.splitfed import MiniBatchSFL
 
     cfg = make_cfg(strategy="minibatch-sfl", num_clients=4, concurrency=4, batch_size=32)
     s = MiniBatchSFL(cfg, load_task(cfg), clock=VirtualClock(), timing=ZeroTiming(), progress=False)
@@ -608,7 +608,7 @@ def test_one_round_equals_hand_computation(strategy, server_identity):
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
     from simulation.engine import InProcessGrid
-    from strategies.registry import get_strategy
+    from strategies.core.registry import get_strategy
 
     # dirichlet: unequal partitions, so MiniBatch-SFL's batch sizes and the |D_k| weights matter
     cfg = make_cfg(strategy=strategy, num_clients=3, concurrency=3, partition="dirichlet", alpha=1.0,
@@ -912,7 +912,7 @@ def test_malformed_reply_is_excluded_other_paths(strategy, action, n, fault, fra
 def test_nan_from_every_client_stops_as_diverged(tmp_path, caplog):
     """When every client sends non-finite values the run itself diverged: it stops cleanly as
     diverged (not failed), and the metrics written so far are kept."""
-    from strategies.base import DivergedError
+    from strategies.core.base import DivergedError
 
     nan = _tensor_fault(P.ACTIVATIONS, "x", lambda x: x.fill_(float("nan")))
     cfg = make_cfg(num_clients=3, concurrency=3, global_iterations=2, local_iterations=2,
@@ -928,7 +928,7 @@ def test_nan_from_every_client_stops_as_diverged(tmp_path, caplog):
 
 
 def test_malformed_handshake_fails_the_run_in_one_line(tmp_path):
-    from strategies.base import RunFailedError
+    from strategies.core.base import RunFailedError
 
     def bad_histogram(content):
         content[P.INFO][P.INFO_LABEL_HISTOGRAM] = [1, 2, 3]
@@ -945,7 +945,7 @@ def test_reply_checker_cases(server_identity):
     from fl_app.client_app import app
     from fl_app.task import load_task
     from simulation.engine import InProcessGrid
-    from strategies.validation import ReplyChecker
+    from strategies.core.validation import ReplyChecker
 
     cfg = make_cfg(num_clients=2, concurrency=2)
     task = load_task(cfg)
@@ -1088,7 +1088,7 @@ def test_strategy_options_and_core_keys_are_the_run_config():
     """DEFAULTS (and so pyproject) is exactly the core keys plus every strategy's declared
     options, with the same defaults and types; choices admit the default."""
     from fl_app.config import CORE_KEYS
-    from strategies.registry import get_strategy, strategy_names
+    from strategies.core.registry import get_strategy, strategy_names
 
     declared: dict[str, object] = {}
     for name in strategy_names():
@@ -1148,7 +1148,7 @@ def test_initial_evaluation_runs_while_the_handshake_replies_are_on_their_way(mo
     from fl_app.client_app import app
     from simulation.server_app import plan_run, run_server
     from simulation.engine import InProcessGrid, _task_identity
-    from strategies.base import SFLStrategy
+    from strategies.core.base import SFLStrategy
 
     events = []
 

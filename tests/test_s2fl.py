@@ -14,7 +14,7 @@ from tests.conftest import make_cfg
 def test_balanced_groups_by_hand():
     """Two label-0 clients then two label-1 clients: the start [[0, 1], [2, 3]] has distance
     √0.5 per group; client 0's first improving swap (with 2) makes both groups uniform."""
-    from strategies.s2fl import balanced_groups, label_distance
+    from strategies.algorithms.s2fl import balanced_groups, label_distance
 
     h = [np.array([10, 0]), np.array([10, 0]), np.array([0, 10]), np.array([0, 10])]
     assert label_distance(h[0] + h[1]) == pytest.approx(np.sqrt(0.5))
@@ -28,7 +28,7 @@ def test_balanced_groups_by_hand():
 def test_closest_to_median_by_hand():
     """Times [[1, 2], [3, 4], [5, 6]]: median 3.5; client 0 takes 2, client 1 ties (3, 4) and takes
     the first, client 2 takes 5."""
-    from strategies.s2fl import closest_to_median
+    from strategies.algorithms.s2fl import closest_to_median
 
     assert closest_to_median(np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])).tolist() == [1, 0, 0]
     # median of {1, 2, 8, 9} is 5: client 0 |9−5| = 4 > |2−5| = 3, client 1 |1−5| = 4 > |8−5| = 3
@@ -39,7 +39,7 @@ def _s2fl(**overrides):
     from fl_app.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
-    from strategies.s2fl import S2FL
+    from strategies.algorithms.s2fl import S2FL
 
     cfg = make_cfg(strategy="s2fl", **overrides)
     s = S2FL(cfg, load_task(cfg), clock=VirtualClock(), timing=ZeroTiming(), progress=False)
@@ -93,7 +93,7 @@ def _run(strategy, **overrides):
     from simulation.engine import InProcessGrid
     from simulation.timing.devices import draw_profiles
     from simulation.timing.durations import DeviceTiming
-    from strategies.registry import get_strategy
+    from strategies.core.registry import get_strategy
 
     cfg = make_cfg(strategy=strategy, num_clients=4, concurrency=4, global_iterations=2, local_iterations=2,
                    batch_size=8, heterogeneity="gas", **overrides)
@@ -133,14 +133,14 @@ def test_adaptive_cut_picks_the_time_closest_to_the_median():
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.devices import draw_profiles
     from simulation.timing.durations import DeviceTiming
-    from strategies.s2fl import S2FL
+    from strategies.algorithms.s2fl import S2FL
 
     cfg = make_cfg(strategy="s2fl", num_clients=8, concurrency=8, batch_size=8, heterogeneity="gas", s2fl_cuts="1:2")
     task = load_task(cfg)
     profiles = draw_profiles("gas", cfg.num_clients, cfg.seed)
     s = S2FL(cfg, task, clock=VirtualClock(), timing=DeviceTiming(profiles, cfg.seed), progress=False)
     s.initialize()
-    from strategies.base import ClientInfo
+    from strategies.core.base import ClientInfo
 
     s.clients = {p: ClientInfo(p, p, task.num_examples(p), np.ones(10, dtype=np.int64)) for p in range(8)}
     cohort = list(range(8))

@@ -423,7 +423,7 @@ def test_broken_stream_fails_the_pending_request(rig):
     (reply,) = pull_all(r.grid, [rid])
     assert reply.has_error() and "stream" in reply.error.reason
     # the node is gone, not broken: the strategy may re-admit it after a fresh handshake (Membership.readmit)
-    from strategies.errors import NODE_UNAVAILABLE
+    from strategies.core.errors import NODE_UNAVAILABLE
     assert NODE_UNAVAILABLE in reply.error.reason.lower()
 
 

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from simulation.report import Config, pairs_table, ranked_pairs
+from simulation.outputs.report import Config, pairs_table, ranked_pairs
 from simulation.stats import mean_ci, paired, unpaired
 
 

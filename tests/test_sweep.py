@@ -7,7 +7,7 @@ import pytest
 
 from fl_app.errors import ConfigError
 from simulation.cli import main
-from simulation.report import BEST, FINAL, report, summarize
+from simulation.outputs.report import BEST, FINAL, report, summarize
 from simulation.sweep import expand, load_sweep, run_sweep
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

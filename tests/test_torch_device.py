@@ -9,7 +9,7 @@ from fl_app.config import ConfigError, RunConfig
 from fl_app.device import check_device_name, model_device, resolve_device, to_device
 from simulation.server_app import plan_run
 from simulation.engine import run_inprocess
-from strategies.base import RunFailedError
+from strategies.core.base import RunFailedError
 from tests.conftest import make_cfg
 
 HAS_CUDA = torch.cuda.is_available()

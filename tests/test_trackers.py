@@ -148,7 +148,7 @@ def test_tracker_packages_are_imported_only_when_asked_for():
     code = ("import sys\n"
             "from fl_app.config import RunConfig\n"
             "from simulation.server_app import plan_run\n"
-            "from simulation.trackers import check_trackers\n"
+            "from simulation.outputs.trackers import check_trackers\n"
             "from simulation.cli import main\n"
             "check_trackers('tensorboard,mlflow,wandb')\n"
             "plan_run(RunConfig.from_mapping({'tracker': 'none'}))\n"
@@ -160,7 +160,7 @@ def test_tracker_packages_are_imported_only_when_asked_for():
 
 def test_every_tracker_name_has_a_class_and_an_extra():
     from fl_app.config import TRACKERS
-    from simulation.trackers import EXTRAS, TRACKER_CLASSES
+    from simulation.outputs.trackers import EXTRAS, TRACKER_CLASSES
 
     assert tuple(TRACKER_CLASSES) == TRACKERS == tuple(EXTRAS)
     with open(REPO / "pyproject.toml", "rb") as fh:

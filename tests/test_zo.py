@@ -83,8 +83,8 @@ def test_client_zo_step_by_hand(server_identity, one_torch_thread):
     from fl_app.client_app import app
     from fl_app.training import load_batch
     from simulation.engine import InProcessGrid
-    from strategies.dispatcher import Request
-    from strategies.base import SFLStrategy
+    from strategies.core.dispatcher import Request
+    from strategies.core.base import SFLStrategy
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
     from fl_app.task import load_task
@@ -232,8 +232,8 @@ def test_zo_clients_clip_at_zo_clip_not_clip_norm():
     from fl_app.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
-    from strategies.split import ZOFeedback
-    from strategies.registry import get_strategy
+    from strategies.core.split import ZOFeedback
+    from strategies.core.registry import get_strategy
 
     cfg = make_cfg(strategy="splitfed-v1", client_optimizer="zo", clip_norm=10.0, zo_clip=2.5)
     s = get_strategy("splitfed-v1")(cfg, load_task(cfg), clock=VirtualClock(), timing=ZeroTiming(), progress=False)
@@ -254,7 +254,7 @@ def test_zo_gas_server_step_is_zeroth_order():
     from fl_app.zo import STREAM_ZO_SERVER, zo_server_step
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
-    from strategies.gas import GAS
+    from strategies.algorithms.gas.strategy import GAS
 
     cfg = make_cfg(strategy="gas", model="lenet5", cut_layer=3, client_optimizer="zo", server_optimizer="zo",
                    generate=False, lr=0.003, perturbations=2, zo_clip=0.0)

@@ -2,7 +2,7 @@
 
 :func:`reply_schema` says, from a request's action, its typed config and what
 it carried, which records its reply must hold and with which batch sizes
-(:class:`ReplySchema`); :mod:`strategies.validation` checks replies against
+(:class:`ReplySchema`); :mod:`strategies.core.validation` checks replies against
 it with the task's shapes. The readers decode the records a strategy uses
 (fresh, writable CPU tensors).
 """

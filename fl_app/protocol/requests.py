@@ -4,7 +4,7 @@ One builder per action; each puts the config under :data:`~fl_app.protocol.keys.
 (encoded once per config object, :meth:`~fl_app.protocol.configs.ActionConfig.record`)
 and the records the action reads. The compute and transfer figures a
 strategy attaches to a request are not the protocol's: see
-:mod:`strategies.requests`. Relayed records (RingSFL's hops) are passed on
+:mod:`strategies.core.requests`. Relayed records (RingSFL's hops) are passed on
 as they arrived, without a decode and encode round trip.
 """
 

@@ -41,7 +41,7 @@ from flwr.app import RecordDict
 from fl_app.errors import ConfigError
 from fl_app.session.client import CHANNEL_OPTIONS, METHOD
 from fl_app.session.wire import FrameError, decode_frame, encode_frame
-from strategies.errors import NODE_UNAVAILABLE
+from strategies.core.errors import NODE_UNAVAILABLE
 
 log = logging.getLogger("sflower")
 

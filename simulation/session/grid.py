@@ -2,7 +2,7 @@
 
 docs/design.md §4 ("The session transport"). :class:`SessionGrid` wraps the
 grid Flower gives the ServerApp and sits under the dispatcher
-(:class:`strategies.dispatcher.Dispatcher` only pushes and pulls), so no
+(:class:`strategies.core.dispatcher.Dispatcher` only pushes and pulls), so no
 strategy changes:
 
 * ``query.info`` (the handshake, which gives a node its task and partition)

@@ -1,7 +1,7 @@
 """Virtual time: the clocks, the device models and the wireless channel of a simulated run.
 
-The interfaces that strategies see (:class:`strategies.clock.Clock`, what time
-it is; :class:`strategies.clock.Timing`, how long a client's work takes) live
+The interfaces that strategies see (:class:`strategies.core.clock.Clock`, what time
+it is; :class:`strategies.core.clock.Timing`, how long a client's work takes) live
 on the strategies' floor; their implementations live here, one concern a module:
 
 * :mod:`simulation.timing.clocks`: :class:`~simulation.timing.clocks.VirtualClock`

@@ -1,6 +1,6 @@
 """The clocks: virtual time for the simulation, wall time for deployment.
 
-Both implement :class:`strategies.clock.Clock`, the interface the event loop
+Both implement :class:`strategies.core.clock.Clock`, the interface the event loop
 sees. :func:`simulation.server_app.run_server` picks the one the ``clock``
 run-config key names.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from strategies.clock import Clock
+from strategies.core.clock import Clock
 
 __all__ = ["VirtualClock", "WallClock"]
 

@@ -1,4 +1,4 @@
-"""Work to seconds: the :class:`~strategies.clock.Timing` implementations.
+"""Work to seconds: the :class:`~strategies.core.clock.Timing` implementations.
 
 :class:`DeviceTiming` charges a client's FLOPs and bits on its device profile
 (with MU-SplitFed's exponential stragglers); the event loop uses those
@@ -16,7 +16,7 @@ import numpy as np
 
 from fl_app.errors import ConfigError
 from simulation.timing.profiles import DeviceProfile, check_int
-from strategies.clock import Timing
+from strategies.core.clock import Timing
 
 __all__ = ["DeviceTiming", "ZeroTiming"]
 

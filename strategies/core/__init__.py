@@ -1,0 +1,1 @@
+"""The runtime every strategy shares: the base classes, the loops, the exchange, the dispatcher, membership, checkpoints, validation, the clock and the registry."""

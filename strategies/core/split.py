@@ -1,0 +1,362 @@
+"""Split-learning building blocks shared by every SFL strategy.
+
+:class:`SplitMixin` holds the global model, its split at the cut layer, and
+builds the ``train.forward`` / ``train.backward`` requests on any block
+range and model slot from the run's settings, on the shared builders
+(:mod:`strategies.core.requests`).
+
+:class:`SyncSplitStrategy` is the synchronous SFL round shared by
+SplitFed-V1/V2, MiniBatch-SFL, vanilla SL, PSL and the like: start the
+cohort (from the current client-side model, or from each client's own),
+run E local iterations (one activation exchange each, the next forward
+piggybacked on the backward), collect the client-side models. Subclasses
+supply the server side through :meth:`SyncSplitStrategy.server_iteration`.
+
+:class:`PerClientModels` keeps a client-side model per client, never
+averaged (the PSL family), and evaluates each as ``client_k ∘ server``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from flwr.app import ArrayRecord, RecordDict
+from torch import nn
+
+from fl_app import protocol as P
+from fl_app.config import Option, RunConfig
+from fl_app.errors import ConfigError
+from fl_app.models import BlockModel, split_model
+from fl_app.task import Task
+from fl_app.training import make_sgd
+from strategies.core.aggregation import average_uploads
+from strategies.core.base import SFLStrategy
+from strategies.core.loops import SyncStrategy
+from strategies.core.dispatcher import Request
+from strategies.core.requests import optimizer_settings
+from strategies.core.server_step import LossFn, zo_step
+
+
+#: Options of every strategy whose clients can train with zeroth-order updates (MU-SplitFed, docs/design.md §7).
+ZO_OPTIONS = (
+    Option("perturbations", 1, "ZO: P perturbation pairs per client step"),
+    Option("zo-smoothing", 0.001, "ZO: smoothing parameter μ"),
+    Option("zo-clip", 10.0, "ZO: clip the norm of every ZO estimate, client and server side (0 = none, as the "
+           "paper, and as preset=mu-splitfed; unclipped ZO diverges at the global lr 0.01 and momentum 0.9). "
+           "clip-norm clips first-order steps only"),
+)
+#: ``client-optimizer``: ``zo`` gives the ZO baselines of MU-SplitFed (ZO-SplitFed, ZO-GAS).
+CLIENT_OPTIMIZER_OPTION = Option("client-optimizer", "sgd", "client-side training: first-order SGD, or zeroth-order "
+                                 "(forward passes only; MU-SplitFed's ZO baselines)", ("sgd", "zo"))
+#: ``server-optimizer``: ``zo`` makes the server side zeroth-order too, as MU-SplitFed §5 defines its baselines.
+SERVER_OPTIMIZER_OPTION = Option("server-optimizer", "sgd", "server-side training: first-order SGD, or zeroth-order "
+                                 "(ZO-SGD, eq. 5; with client-optimizer=zo: ZO-SplitFed, ZO-GAS as MU-SplitFed §5 "
+                                 "defines them)", ("sgd", "zo"))
+
+
+@dataclass(frozen=True)
+class ZOFeedback:
+    """What a ZO client gets back instead of an activation gradient (MU-SplitFed eq. 6).
+
+    Attributes:
+        diffs: ``P`` loss differences ``l(h⁺_p) − l(h⁻_p)`` under the server-side model.
+    """
+
+    diffs: tuple[float, ...]
+
+
+def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, labels: torch.Tensor,
+                     loss_fn: LossFn | None = None) -> ZOFeedback:
+    """``l(model(h⁺_p), y) − l(model(h⁻_p), y)`` for each of the ``P`` pairs (no gradients).
+
+    Args:
+        plus, minus: ``[P, B, ...]`` perturbed embeddings from ``train.zo_forward``.
+        labels: int64 ``[B]``.
+        loss_fn: ``(logits, labels) -> scalar`` (default: mean cross-entropy).
+    """
+    fn = loss_fn or nn.functional.cross_entropy
+    with torch.no_grad():
+        diffs = tuple(float(fn(model(a), labels) - fn(model(b), labels)) for a, b in zip(plus, minus))
+    return ZOFeedback(diffs)
+
+
+class SplitMixin(SFLStrategy):
+    """The global model split at the cut layer, and the split-learning requests."""
+
+    model: BlockModel
+    client_model: BlockModel
+    server_model: BlockModel
+
+    @property
+    def cut(self) -> int:
+        """The cut layer: the client-side model is blocks ``[0, cut)``."""
+        return self.task.cut_layer
+
+    def initialize(self) -> None:
+        """Build the global model and split it (the parts share parameters)."""
+        super().initialize()
+        self.model = self.task.build_model()
+        if self.device.type != "cpu":
+            self.model.to(self.device)
+        self.client_model, self.server_model = split_model(self.model, self.cut)
+        #: ZO clients: pid -> (h⁺, h⁻) of its latest forward, until :meth:`feedback` uses them
+        self.zo_pairs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def global_model(self) -> BlockModel:
+        """The full model: client-side ∘ server-side."""
+        return self.model
+
+    @property
+    def server_side_lr(self) -> float:
+        """The server-side model's learning rate: ``server-lr-split``, or ``lr`` when 0."""
+        return self.cfg.server_lr_split or self.cfg.lr
+
+    @property
+    def client_side_lr(self) -> float:
+        """The client-side model's learning rate: ``client-lr``, or ``lr`` when 0 (GAPSL: 0.005 vs 0.01)."""
+        return self.cfg.client_lr or self.cfg.lr
+
+    def server_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The run's optimizer (SGD or AdamW) for a server-side model at :attr:`server_side_lr`."""
+        c = self.cfg
+        return make_sgd(model, self.server_side_lr, c.momentum, c.weight_decay, kind=c.optimizer)
+
+    @property
+    def client_zo(self) -> bool:
+        """Whether clients train with zeroth-order updates (``client-optimizer=zo``)."""
+        return self.cfg.get("client-optimizer") == "zo"
+
+    @property
+    def server_zo(self) -> bool:
+        """Whether the server side trains with zeroth-order updates (``server-optimizer=zo``)."""
+        return self.cfg.get("server-optimizer") == "zo"
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig, task: Task) -> None:
+        """A ZO server needs ZO clients: it computes no activation gradient to send.
+
+        Raises:
+            ConfigError: ``server-optimizer=zo`` without ``client-optimizer=zo``.
+        """
+        super().check_config(cfg, task)
+        if cfg.get("server-optimizer") == "zo" and cfg.get("client-optimizer") != "zo":
+            raise ConfigError("server-optimizer=zo needs client-optimizer=zo (a ZO server computes no "
+                              "activation gradient for first-order clients)")
+
+    def zo_server_update(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, key: int) -> float:
+        """One ZO-SGD step of server-side model ``key`` (a client's copy: its partition id) at
+        :attr:`server_side_lr` (:func:`~strategies.core.server_step.zo_step`); counts one server update.
+        Returns the loss before the step; raises ``DivergedError`` when it is not finite."""
+        loss = zo_step(model, x, y, self.cfg, key, self.server_updates, self.server_side_lr)
+        self.server_updates += 1
+        return loss
+
+    def optimizer_config(self, clip_norm: float | None = None) -> dict[str, Any]:
+        """Client optimiser settings (:func:`~strategies.core.requests.optimizer_settings` at :attr:`client_side_lr`)
+        sent with training messages; a ZO client's estimate is clipped at ``zo-clip``, not ``clip-norm``."""
+        return optimizer_settings(self.cfg, self.client_side_lr, clip_norm=clip_norm)
+
+    def forward_request(self, batch: int, weights: ArrayRecord | None, *, start: int = 0, end: int | None = None,
+                        slot: str = P.OWN_SLOT, tag: object = None, timed_end: int | None = None) -> Request:
+        """``train.forward`` of own data through blocks ``[start, end)`` (default the client part), or a
+        ``train.zo_forward`` with ZO clients; ``weights`` (encoded once by the caller), when given, replace
+        the slot's; ``timed_end``: charge it as if the range ended there (S²FL's adaptive cut)."""
+        end = self.cut if end is None else end
+        if self.client_zo:
+            c = self.cfg
+            config = P.ZOForwardConfig(slot=slot, end=end, batch_size=batch, perturbations=c.perturbations,
+                                       smoothing=c.zo_smoothing, **self.optimizer_config(c.zo_clip))
+            return self.requests.zo_forward(config, weights, tag=tag)
+        config = P.ForwardConfig(slot=slot, start=start, end=end, batch_size=batch, **self.optimizer_config())
+        return self.requests.forward(config, weights=weights, tag=tag, timed_end=timed_end)
+
+    def backward_request(self, grad: torch.Tensor | ZOFeedback, nxt: str, next_batch: int = 0, *, start: int = 0,
+                         end: int | None = None, slot: str = P.OWN_SLOT, upload: bool = True,
+                         tag: object = None, timed_end: int | None = None) -> Request:
+        """``train.backward`` of the activation gradient ``grad`` through the slot's blocks ``[start, end)``.
+
+        Args:
+            nxt: what the reply carries besides: the next forward
+                (``NEXT_FORWARD``, of ``next_batch``), the slot's weights
+                (``NEXT_WEIGHTS``) or nothing more.
+            upload: with ``NEXT_WEIGHTS``, whether the algorithm really
+                uploads the model (timed and metered); False for a copy the
+                server only needs for evaluation (PSL).
+            timed_end: charge the compute and the next activations as if the
+                range ended there (see :meth:`forward_request`).
+
+        A :class:`ZOFeedback` instead of a gradient makes it a ``train.zo_update``
+        (``32·P`` bits down, no backward pass).
+        """
+        if isinstance(grad, ZOFeedback):
+            c = self.cfg
+            config = P.ZOUpdateConfig(slot=slot, diffs=grad.diffs, smoothing=c.zo_smoothing, next=nxt,
+                                      batch_size=next_batch, **self.optimizer_config(c.zo_clip))
+            return self.requests.zo_update(config, c.perturbations, end=end, upload=upload, tag=tag)
+        config = P.BackwardConfig(slot=slot, next=nxt, batch_size=next_batch, **self.optimizer_config())
+        return self.requests.backward(config, grad, start=start, end=end, upload=upload, tag=tag,
+                                      timed_end=timed_end)
+
+    def weights_request(self, *, slot: str = P.OWN_SLOT, upload: bool = True, tag: object = None) -> Request:
+        """``train.step`` with nothing accumulated: no step, the reply holds the slot's weights.
+
+        Timed and metered as the client-side model's upload, or neither with
+        ``upload=False`` (a copy the server only needs for evaluation).
+        """
+        config = P.StepConfig(slot=slot, return_weights=True, **self.optimizer_config())
+        return self.requests.step(config, upload=upload, tag=tag)
+
+    def feedback(self, model: nn.Module, labels: torch.Tensor, grad: torch.Tensor, pid: int,
+                 loss_fn: LossFn | None = None) -> torch.Tensor | ZOFeedback:
+        """What client ``pid`` gets for its batch: ``grad`` (first-order), or with a ZO client the
+        loss differences of its perturbed pairs under ``model`` (the model ``grad`` came from)."""
+        if not self.client_zo:
+            return grad
+        plus, minus = self.zo_pairs.pop(pid)
+        return loss_differences(model, plus, minus, labels, loss_fn)
+
+    def smashed_of(self, pid: int, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(activations [B, ...] float32, labels [B] int64)`` of a forward reply, on :attr:`device`;
+        with ZO clients, keep its perturbed pairs for :meth:`feedback`."""
+        if self.client_zo:
+            self.zo_pairs[pid] = tuple(self.on_device(t) for t in P.replies.perturbed(content))
+        x, y = P.replies.activations(content)
+        return self.on_device(x), self.on_device(y)
+
+    @staticmethod
+    def weights_of(content: RecordDict) -> tuple[dict[str, torch.Tensor], int]:
+        """``(state_dict, num_examples)`` of a weights reply (:func:`fl_app.protocol.replies.weights`)."""
+        return P.replies.weights(content)
+
+
+class SyncSplitStrategy(SplitMixin, SyncStrategy):
+    """A synchronous SFL round; subclasses define the server side.
+
+    Hooks:
+        :meth:`batch_size_for`: each client's batch size (default B).
+        :meth:`begin_round`: before the first forward (e.g. copy server models).
+        :meth:`timed_cut`: the cut a client's work is charged at (S²FL).
+        :meth:`start_weights`: the client-side weights the round starts from.
+        :meth:`server_iteration`: activations of the cohort -> gradients
+            (None: the client gets no gradient and takes no step).
+        :meth:`collect_client_models`: what to do with the uploaded models.
+        :meth:`end_round`: after the client-side models are collected.
+    """
+
+    #: Whether the client-side models travel to the server at the end of a
+    #: round (timed and metered); False for per-client models that only the
+    #: server's evaluation needs.
+    uploads_models: ClassVar[bool] = True
+
+    def batch_size_for(self, pid: int, cohort: list[int]) -> int:
+        """Batch size of ``pid`` this round."""
+        return self.cfg.batch_size
+
+    def begin_round(self, cohort: list[int]) -> None:
+        """Prepare the server side for a round."""
+
+    def timed_cut(self, pid: int) -> int | None:
+        """The cut at which ``pid``'s work is charged this round (None: the real cut)."""
+        return None
+
+    def start_weights(self) -> ArrayRecord | None:
+        """Weights every cohort member loads first: the current client-side model (encoded once)."""
+        return P.state_record(self.client_model.state_dict())
+
+    def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                         ) -> dict[int, torch.Tensor | ZOFeedback | None]:
+        """Server updates for one local iteration: ``pid -> (x, y)`` to ``pid -> dL/dx``.
+
+        A client mapped to None receives no gradient (GAPSL's unselected
+        clients): it takes no step and goes on with its next batch.
+        """
+        raise NotImplementedError
+
+    def collect_client_models(self, uploads: Mapping[int, dict[str, torch.Tensor]]) -> None:
+        """Average the uploaded client-side models (eq. 10 weights) into the current one."""
+        if uploads:
+            self.client_model.load_state_dict(average_uploads(uploads, self.aggregation_weight))
+
+    def end_round(self, cohort: list[int]) -> None:
+        """Finish the server side of a round (e.g. average server copies)."""
+
+    def next_request(self, pid: int, grad: torch.Tensor | ZOFeedback | None, nxt: str, batch: int) -> Request:
+        """What ``pid`` gets after a server iteration: its gradient (or ZO feedback) with ``nxt`` piggybacked;
+        with no gradient, only ``nxt``: the next forward, or the client-side weights, with no step."""
+        if grad is not None:
+            return self.backward_request(grad, nxt, batch, upload=self.uploads_models, timed_end=self.timed_cut(pid))
+        if nxt == P.NEXT_FORWARD:
+            return self.forward_request(batch, None, timed_end=self.timed_cut(pid))
+        return self.weights_request(upload=self.uploads_models)
+
+    def run_round(self, cohort: list[int]) -> None:
+        """Forward from the start weights, E exchanges, collect the client-side models.
+
+        Each client makes its own E (:meth:`~strategies.core.base.SFLStrategy.local_steps`):
+        with ``local-epochs`` and unequal partitions, a client whose count is
+        reached returns its model and leaves the round; the server's later
+        iterations see the clients still training.
+        """
+        sizes = {pid: self.batch_size_for(pid, cohort) for pid in cohort}
+        steps = {pid: self.local_steps(pid, sizes[pid]) for pid in cohort}
+        self.begin_round(cohort)
+        start = self.start_weights()
+        replies = self.gather({pid: self.forward_request(sizes[pid], start, timed_end=self.timed_cut(pid))
+                               for pid in cohort})
+        uploads: dict[int, dict[str, torch.Tensor]] = {}
+        done = 0
+        while replies:
+            grads = self.server_iteration({pid: self.smashed_of(pid, c) for pid, c in replies.items()})
+            done += 1
+            replies = self.gather({pid: self.next_request(pid, g, P.NEXT_FORWARD if done < steps[pid] else
+                                                          P.NEXT_WEIGHTS, sizes[pid]) for pid, g in grads.items()})
+            uploads.update({pid: self.weights_of(c)[0] for pid, c in replies.items() if done >= steps[pid]})
+            replies = {pid: c for pid, c in replies.items() if done < steps[pid]}
+        self.collect_client_models(uploads)
+        self.end_round(sorted(uploads))
+
+
+class PerClientModels(SyncSplitStrategy):
+    """A client-side model per client, never averaged (PSL, EPSL, GAPSL).
+
+    Clients start from the seeded initial weights, which every node builds
+    itself, and keep training their own model; no weights are sent. The
+    server keeps a copy of each client's latest model, returned (unmetered
+    and untimed) at the end of its round, only to evaluate ``client_k ∘
+    server``; clients never selected are evaluated with the initial weights.
+    """
+
+    uploads_models = False
+
+    def initialize(self) -> None:
+        """The initial client-side weights and an empty table of client models."""
+        super().initialize()
+        self.initial_client_state = {k: v.clone() for k, v in self.client_model.state_dict().items()}
+        self.client_states: dict[int, dict[str, torch.Tensor]] = {}
+
+    def start_weights(self) -> ArrayRecord | None:
+        """None: each client continues its own model."""
+        return None
+
+    def collect_client_models(self, uploads: Mapping[int, dict[str, torch.Tensor]]) -> None:
+        """Keep each client's model."""
+        self.client_states.update(uploads)
+
+    def evaluation_models(self) -> dict[int, BlockModel]:
+        """``client_k ∘ server`` for every live client."""
+        out = {}
+        for pid in self.live_clients():
+            model = copy.deepcopy(self.model)
+            client, _ = split_model(model, self.cut)
+            client.load_state_dict(self.client_states.get(pid, self.initial_client_state))
+            out[pid] = model
+        return out
+
+
+def copy_model(model: BlockModel) -> BlockModel:
+    """An independent deep copy of a (server-side) model."""
+    return copy.deepcopy(model)
