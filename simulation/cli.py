@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from collections.abc import Sequence
 
-from fl_app.config import DEFAULTS, RunConfig, parse_key_values
+from fl_app.config import CORE_KEYS, RunConfig, parse_key_values
 from fl_app.errors import ConfigError
 
 EXIT_CONFIG = 2
@@ -196,8 +196,32 @@ def cmd_strategies(args: argparse.Namespace) -> int:
         if cls.run_with:
             print(f"    run with: {cls.run_with}")
         for opt in cls.all_options():
-            kind = "|".join(opt.choices) if opt.choices else opt.type.__name__
-            print(f"    {opt.key + '=' + str(opt.default):28s} {opt.help} ({kind})")
+            source = f"; {opt.source}" if opt.source else ""
+            print(f"    {opt.key + '=' + str(opt.default):28s} {opt.help} ({opt.kind()}{source})")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    """``sflower presets``: each preset file and the keys it sets."""
+    from fl_app.config import PRESET_DIR, preset_names, preset_values
+
+    for name in preset_names():
+        keys = " ".join(f"{k}={v}" for k, v in preset_values(name).items())
+        print(f"{name:20s} {PRESET_DIR / (name + '.toml')}\n    {keys}")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    """``sflower keys [--check]``: the files generated from the option declarations (:mod:`simulation.keys`)."""
+    from simulation import keys
+
+    if args.check:
+        stale = keys.stale()
+        for path in stale:
+            print(f"stale: {path} (run sflower keys)")
+        return 1 if stale else 0
+    for path in keys.write():
+        print(f"written: {path}")
     return 0
 
 
@@ -280,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``sflower``."""
     parser = argparse.ArgumentParser(prog="sflower", description="Split federated learning on Flower.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one job", description="Keys: " + ", ".join(DEFAULTS) + ", engine, ray-address, ray-cpus, ray-gpus; or "
+    run = sub.add_parser("run", help="run one job", description="Keys: " + ", ".join(CORE_KEYS) + " (each strategy's own: sflower strategies), engine, "
+                         "ray-address, ray-cpus, ray-gpus; or "
                          "resume=RUN_DIR to continue a run that wrote checkpoints (checkpoint-every=N)")
     run.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -337,8 +362,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("target", metavar="RUN_DIR")
     ev.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
     ev.set_defaults(func=cmd_evaluate)
-    st = sub.add_parser("strategies", help="list strategies")
+    st = sub.add_parser("strategies", help="list the strategies (built-in and plugins) and their options")
     st.set_defaults(func=cmd_strategies)
+    ps = sub.add_parser("presets", help="list the presets (presets/NAME.toml) and their keys")
+    ps.set_defaults(func=cmd_presets)
+    ks = sub.add_parser("keys", help="rewrite (or --check) pyproject.toml's run-config table and the docs' key and "
+                        "strategy references from the option declarations")
+    ks.add_argument("--check", action="store_true", help="list the stale files and exit 1; change nothing")
+    ks.set_defaults(func=cmd_keys)
     return parser
 
 

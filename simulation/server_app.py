@@ -158,6 +158,23 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
 app = ServerApp()
 
 
+def user_keys(grid: Grid) -> set[str] | None:
+    """The keys the user gave ``flwr run`` (Flower's override config), where they name a preset.
+
+    ``context.run_config`` holds every key (``pyproject.toml``'s defaults
+    fused with the user's), so a ``preset`` there cannot tell the user's keys
+    from defaults; Flower's override config can. ``None`` (every key counts
+    as given) when no preset was given there: then ``preset`` is either
+    empty or was applied already (``sflower deploy`` and the Ray engine pass
+    resolved configurations).
+    """
+    try:
+        override = dict(grid.run.override_config)
+    except (AttributeError, TypeError, RuntimeError):  # a grid without a run (tests, other engines)
+        return None
+    return set(override) if "preset" in override else None
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point under ``flwr run``: the run config comes from ``context.run_config``.
@@ -172,7 +189,7 @@ def main(grid: Grid, context: Context) -> None:
         log.setLevel(logging.INFO)
         log.propagate = False
     try:
-        plan = plan_run(RunConfig.from_mapping(context.run_config))
+        plan = plan_run(RunConfig.from_mapping(context.run_config, given=user_keys(grid)))
         if plan.cfg.checkpoint_every:  # the clients' state lives on the nodes here
             raise ConfigError(CHECKPOINT_UNSUPPORTED)
     except ConfigError as err:

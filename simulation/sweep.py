@@ -119,12 +119,12 @@ def is_complete(run_dir: Path) -> bool:
 
 def tracking_context(out: Path, run: Mapping[str, Any], grid_keys: list[str]) -> TrackingContext:
     """The trackers' names for one run of a sweep in ``out``: the sweep's store, the run's grid keys as tags."""
-    from fl_app.config import DEFAULTS
+    from fl_app.options import core_option
     from simulation.outputs.trackers import TrackingContext
 
     tags = {k: str(run[k]) for k in grid_keys}
-    tags.setdefault("seed", str(run.get("seed", DEFAULTS["seed"])))
-    tags.update(strategy=str(run.get("strategy", DEFAULTS["strategy"])), sweep=out.name)
+    tags.setdefault("seed", str(run.get("seed", core_option("seed").default)))
+    tags.update(strategy=str(run.get("strategy", core_option("strategy").default)), sweep=out.name)
     return TrackingContext(store_dir=out, run_name=run_name(run, grid_keys), experiment=out.name, group=out.name,
                            tags=tags)
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import DEFAULTS, RunConfig
+from fl_app.config import RunConfig
+from fl_app.options import core_option
 from fl_app.errors import ConfigError
 
 #: Deploy options with their defaults (the other ``KEY=VALUE`` pairs are run-config keys).
@@ -82,7 +83,7 @@ def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
             clients = int(str(run_pairs["num-clients"]).strip() or 0)
         except ValueError:
             raise ConfigError(f"num-clients must be an integer, got {run_pairs['num-clients']!r}") from None
-        run_pairs["concurrency"] = min(int(DEFAULTS["concurrency"]), clients)
+        run_pairs["concurrency"] = min(int(core_option("concurrency").default), clients)
     run_pairs.setdefault("clock", "wall")
     if intruders:
         run_pairs.setdefault("min-clients", nodes)

@@ -14,7 +14,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import RunConfig
+from fl_app.config import RunConfig, installed_declarations
 from simulation.deploy.cluster import Deployment
 from simulation.deploy.keys import certificate_paths
 from simulation.deploy.options import DeployOptions, fresh_run_dir
@@ -23,7 +23,8 @@ from simulation.deploy.processes import DeployError, terminate_on_sigterm, wait_
 
 def run_config_for(cfg: RunConfig, given: Mapping[str, Any], out_dir: Path,
                    certs: Mapping[str, Path] | None = None) -> dict[str, Any]:
-    """The ``--run-config`` table: the keys given (typed as in ``cfg``), plus ``output-dir``.
+    """The ``--run-config`` table: the keys given (typed as in ``cfg``; a plugin's in ``strategy-options``),
+    plus ``output-dir``.
 
     Unless given, it also sets up the session transport (docs/design.md §4):
     ``session-address=localhost:0`` (a free loopback port) and, with TLS
@@ -32,7 +33,11 @@ def run_config_for(cfg: RunConfig, given: Mapping[str, Any], out_dir: Path,
     localhost); without TLS, ``session-tls=false``.
     """
     values = cfg.as_dict()
-    table = {k: values[k] for k in given}
+    pyproject_keys = installed_declarations()  # Flower refuses other keys: a plugin's go in strategy-options
+    table = {k: values[k] for k in given if k in pyproject_keys and k != "strategy-options"}
+    plugin = {k: v for k, v in values.items() if k not in pyproject_keys}
+    if plugin:
+        table["strategy-options"] = " ".join(f"{k}={v}" for k, v in plugin.items())
     table["output-dir"] = str(out_dir)
     session: dict[str, Any] = {"session-address": "localhost:0"}
     if certs:

@@ -52,9 +52,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import TRACKERS, tracker_names
 from fl_app.errors import ConfigError
 from simulation.outputs.records import RunListener
+
+#: The experiment trackers of the ``tracker`` key (implemented below).
+TRACKERS: tuple[str, ...] = ("tensorboard", "mlflow", "wandb")
+
+
+def tracker_names(value: str) -> tuple[str, ...]:
+    """The trackers a ``tracker`` value asks for, in order, without repeats.
+
+    ``"none"`` or ``""`` gives ``()``; ``"tensorboard,mlflow"`` gives both.
+
+    Raises:
+        ConfigError: a name not in :data:`TRACKERS`, or ``none`` beside another name.
+    """
+    names = [n.strip() for n in str(value).split(",") if n.strip()]
+    if names == ["none"] or not names:
+        return ()
+    for name in names:
+        if name == "none":
+            raise ConfigError(f"tracker={value!r}: 'none' cannot be combined with a tracker")
+        if name not in TRACKERS:
+            raise ConfigError(f"tracker={value!r}: unknown tracker '{name}'; choose none or any of "
+                              f"{', '.join(TRACKERS)} (comma-separated)")
+    return tuple(dict.fromkeys(names))
+
 
 __all__ = ["TRACKERS", "EXTRAS", "TRACKER_CLASSES", "TrackingContext", "check_trackers", "open_trackers", "TensorBoardTracker",
            "MLflowTracker", "WandbTracker"]
@@ -256,7 +279,7 @@ class WandbTracker(Tracker):
         self.run.finish(exit_code=0 if summary.get("status") == "completed" else 1)
 
 
-#: The class of each tracker name (the names are :data:`fl_app.config.TRACKERS`; a test keeps them equal).
+#: The class of each tracker name (the names are :data:`TRACKERS`; a test keeps them equal).
 TRACKER_CLASSES: dict[str, type[Tracker]] = {"tensorboard": TensorBoardTracker, "mlflow": MLflowTracker,
                                              "wandb": WandbTracker}
 

@@ -45,7 +45,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fl_app.config import Option
+from fl_app.config import RunConfig
+from fl_app.errors import ConfigError
+from fl_app.options import Option
+from fl_app.task import Task
 from strategies.core.errors import check_loss
 from strategies.algorithms.psl import PSL, per_client_losses
 from strategies.core.server_step import optimizer_step, set_gradient
@@ -182,11 +185,14 @@ class GAPSL(PSL):
 
     name = "gapsl"
     options = (
-        Option("gapsl-k-min", 0.2, "LGI: lower bound K_min of the selection ratio (eq. 2)"),
-        Option("gapsl-k-max", 0.8, "LGI: upper bound K_max of the selection ratio (eq. 2)"),
-        Option("gapsl-eta", 0.5, "GDA: threshold sensitivity η of eq. 6 (not stated in the paper)"),
+        Option("gapsl-k-min", 0.2, "LGI: lower bound K_min of the selection ratio (eq. 2)", above=0, at_most=1,
+               source="GAPSL eq. 2"),
+        Option("gapsl-k-max", 0.8, "LGI: upper bound K_max of the selection ratio (eq. 2)", above=0, at_most=1,
+               source="GAPSL eq. 2"),
+        Option("gapsl-eta", 0.5, "GDA: threshold sensitivity η of eq. 6 (not stated in the paper)",
+               source="GAPSL eq. 6"),
         Option("gapsl-lambda", 0.0, "GDA: regularisation coefficient λ of eq. 7 (0 = the paper's per model: "
-                                   "3e-5 for vit-small, 5e-4 otherwise)"),
+                                   "3e-5 for vit-small, 5e-4 otherwise)", at_least=0, source="GAPSL eq. 7"),
         Option("gapsl-mode", "first-order", "GDA regulariser gradient: first-order (Hessian as identity) or exact "
                "(double back-propagation)", ("first-order", "exact")),
         Option("gapsl-lgi", "on", "ablation (Fig. 20): leader from the most consistent clients (on), from all "
@@ -197,6 +203,17 @@ class GAPSL(PSL):
                "server steps on the leader gradient (Non-GDA), or a random subset of the same size (random: Rand-GDA)",
                ("on", "none", "random")),
     )
+
+    @classmethod
+    def check_config(cls, cfg: RunConfig, task: Task) -> None:
+        """PSL's checks, and K_min <= K_max (eq. 2).
+
+        Raises:
+            ConfigError: ``gapsl-k-min`` above ``gapsl-k-max`` (one line).
+        """
+        super().check_config(cfg, task)
+        if cfg.gapsl_k_min > cfg.gapsl_k_max:
+            raise ConfigError(f"need gapsl-k-min <= gapsl-k-max, got {cfg.gapsl_k_min} and {cfg.gapsl_k_max}")
 
     #: λ of eq. 7 per model where the paper gives one (Sec. V-A); other models get the VGG-16 value.
     PAPER_LAMBDA = {"vit-small": 3e-5}

@@ -36,8 +36,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from fl_app.config import Option
-from strategies.core.aggregation import AGGREGATION_OPTION, average_uploads
+from fl_app.options import Option
+from strategies.core.aggregation import AGGREGATION_OPTION
 from strategies.core.registry import register
 from strategies.core.split import ZO_OPTIONS, SyncSplitStrategy, copy_model
 
@@ -49,9 +49,10 @@ class MUSplitFed(SyncSplitStrategy):
     name = "mu-splitfed"
     run_with = "preset=mu-splitfed (the paper's §5 setting, under which it learns: LeNet-5, tau = 2, no clipping)"
     options = (
-        Option("server-steps", 1, "τ: ZO updates of a client's server-side copy per exchange"),
+        Option("server-steps", 1, "τ: ZO updates of a client's server-side copy per exchange", at_least=1,
+               source="MU-SplitFed Algorithm 1"),
         *ZO_OPTIONS,
-        Option("server-lr", 1.0, "global learning rate η_g of eq. 7"),
+        Option("server-lr", 1.0, "global learning rate η_g of eq. 7", above=0, source="MU-SplitFed eq. 7"),
         AGGREGATION_OPTION,
     )
 
@@ -93,8 +94,8 @@ class MUSplitFed(SyncSplitStrategy):
         self.copies = {}
 
     def _step_towards(self, model: nn.Module, states: Mapping[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """``w + η_g·(avg_k w_k − w)`` per tensor; exactly the average at ``η_g = 1``."""
-        avg = {k: self.on_device(v) for k, v in average_uploads(states, self.aggregation_weight).items()}
+        """``w + η_g·(avg_k w_k − w)`` per tensor, ``avg`` from :meth:`aggregate_models`; exactly it at ``η_g = 1``."""
+        avg = {k: self.on_device(v) for k, v in self.aggregate_uploads(states).items()}
         eta = self.cfg.server_lr
         if eta == 1.0:
             return avg

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fl_app.config import Option
+from fl_app.options import Option
 from strategies.core.errors import check_loss
 from strategies.core.registry import register
 from strategies.core.server_step import step_on_loss
@@ -134,7 +134,8 @@ class EPSL(PSL):
 
     name = "epsl"
     options = (Option("epsl-phi", 0.5, "fraction φ of each batch whose last-layer activation gradients the "
-                      "server averages across clients (0 = PSL)"),)
+                      "server averages across clients (0 = PSL)", at_least=0, at_most=1,
+                      source="EPSL §3"),)
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
         """One server step on the partly aggregated last-layer gradients; each client gets its ``∇_{A_k}``."""

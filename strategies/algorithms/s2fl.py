@@ -27,10 +27,10 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from fl_app.config import Option
+from fl_app.options import Option
 from fl_app.errors import ConfigError
 from fl_app import protocol as P
-from strategies.core.aggregation import AGGREGATION_OPTION, average_uploads
+from strategies.core.aggregation import AGGREGATION_OPTION
 from strategies.core.dispatcher import Request
 from strategies.core.registry import register
 from strategies.core.server_step import activation_gradient, step_on_loss
@@ -121,7 +121,8 @@ class S2FL(MiniBatchSFL):
         AGGREGATION_OPTION,
         Option("s2fl-cuts", "1:2", "candidate cut layers of the adaptive cut, e.g. 1:2 (GAS's code: after "
                "AlexNet's conv1 and conv2); only the time charged changes"),
-        Option("s2fl-groups", 2, "number of activation groups, each with its own server-side step"),
+        Option("s2fl-groups", 2, "number of activation groups, each with its own server-side step", at_least=1,
+               source="S²FL §4"),
     )
 
     def initialize(self) -> None:
@@ -181,5 +182,5 @@ class S2FL(MiniBatchSFL):
             self.server_updates += 1
             stepped[g] = {k: v.clone() for k, v in model.state_dict().items()}
         if stepped:
-            self.server_model.load_state_dict(average_uploads(stepped, lambda g: 1.0))
+            self.server_model.load_state_dict(self.aggregate_uploads(stepped, lambda g: 1.0))
         return grads

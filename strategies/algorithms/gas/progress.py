@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from fl_app.config import Option
+from fl_app.options import Option
 from fl_app.errors import ConfigError
 
 WEIGHTINGS = ("linear", "exponential", "polynomial")
@@ -94,7 +94,8 @@ PROGRESS_COUNTS = ("flushes", "iterations", "uploads")
 #: The ``progress`` option (GAS).
 PROGRESS_OPTION = Option("progress", "flushes", "training progress n(A) that s(n) weighs: the activation buffer's "
                          "flush counter (flushes), the paper's n = tE + e of each activation (iterations), or the "
-                         "GAS authors' per-client upload counter (uploads)", PROGRESS_COUNTS)
+                         "GAS authors' per-client upload counter (uploads)", PROGRESS_COUNTS,
+                         source="GAS eqs. 11-12")
 
 
 class TrainingProgress:

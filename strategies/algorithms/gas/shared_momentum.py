@@ -28,7 +28,8 @@ import torch
 from flwr.app import ArrayRecord
 
 from fl_app import protocol as P
-from fl_app.config import Option, RunConfig
+from fl_app.config import RunConfig
+from fl_app.options import Option
 from fl_app.errors import ConfigError
 from strategies.core.dispatcher import Request
 

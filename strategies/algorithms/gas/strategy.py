@@ -36,8 +36,9 @@ from torch import nn
 
 from fl_app import protocol as P
 from fl_app.task import Task, seeded_generator
-from fl_app.config import Option, RunConfig
-from strategies.core.aggregation import AGGREGATION_OPTION, average_uploads
+from fl_app.config import RunConfig
+from fl_app.options import Option
+from strategies.core.aggregation import AGGREGATION_OPTION
 from strategies.core.loops import AsyncStrategy
 from strategies.core.dispatcher import Reply
 from strategies.algorithms.gas.metrics import gradient_dissimilarity, reference_batch
@@ -101,13 +102,17 @@ class GAS(SplitMixin, AsyncStrategy):
     run_with = "preset=gas-reference (the authors' code: their AlexNet, PyTorch's init, one shared client momentum)"
     options = (
         Option("generate", True, "generated activations on/off (off: the plain async SFL framework)"),
-        Option("covariance", "full", "per-label Gaussians: full or diagonal covariance", ("full", "diagonal")),
-        Option("buffer-activations", 0, "activation buffer Q_s, in batches (0 = concurrency)"),
-        Option("buffer-models", 0, "model buffer Q_c (0 = concurrency)"),
-        Option("weighting", "linear", "progress weight s(n) of eqs. 11-12", ("linear", "exponential", "polynomial")),
+        Option("covariance", "full", "per-label Gaussians: full or diagonal covariance", ("full", "diagonal"),
+               source="GAS eqs. 11-12"),
+        Option("buffer-activations", 0, "activation buffer Q_s, in batches (0 = concurrency)", at_least=0,
+               source="GAS Algorithm 1"),
+        Option("buffer-models", 0, "model buffer Q_c (0 = concurrency)", at_least=0, source="GAS Algorithm 1"),
+        Option("weighting", "linear", "progress weight s(n) of eqs. 11-12", ("linear", "exponential", "polynomial"),
+               source="GAS eqs. 11-12"),
         PROGRESS_OPTION,
-        Option("logit-adjust", True, "eq. 6 logit-adjusted loss for G_k"),
-        Option("dissimilarity-every", 0, "record Fig. 2's gradient dissimilarity every N server updates (0 = off)"),
+        Option("logit-adjust", True, "eq. 6 logit-adjusted loss for G_k", source="GAS eq. 6"),
+        Option("dissimilarity-every", 0, "record Fig. 2's gradient dissimilarity every N server updates (0 = off)",
+               at_least=0, source="GAS Fig. 2"),
         CLIENT_MOMENTUM_OPTION,
         AGGREGATION_OPTION,
         CLIENT_OPTIMIZER_OPTION,
@@ -216,7 +221,7 @@ class GAS(SplitMixin, AsyncStrategy):
         """Model buffer; a full buffer is averaged (eq. 10) into the current client model."""
         self.model_buffer.append((pid, state))
         if len(self.model_buffer) >= self.q_c:
-            self.client_model.load_state_dict(average_uploads(self.model_buffer, self.aggregation_weight))
+            self.client_model.load_state_dict(self.aggregate_uploads(self.model_buffer))
             self.model_buffer = []
             self.training_progress.aggregated()
             self.end_global_iteration()

@@ -77,10 +77,10 @@ import torch
 from flwr.app import RecordDict
 
 from fl_app import protocol as P
-from fl_app.config import Option, RunConfig
+from fl_app.config import RunConfig
+from fl_app.options import Option
 from fl_app.models import BlockModel
 from fl_app.task import Task
-from strategies.core.aggregation import weighted_average
 from strategies.core.loops import SyncStrategy
 from strategies.core.dispatcher import Request
 from strategies.core.registry import register
@@ -115,11 +115,13 @@ class RingSFL(SyncStrategy):
                 "multiplier assumes; v1 and v2 alike; add partition=label-sorted for their non-IID split)")
     options = (
         Option("ring-lengths", "", "propagation lengths L_0:...:L_{N-1}, one per client, summing to the model's "
-               "block count (empty: from device compute speeds, L_i = C_i/ΣC·W)"),
-        Option("ring-version", 2, "1: RingSFLv1; 2: RingSFLv2, an overlapping block's lr times its overlap count (eq. 7)"),
-        Option("d2d-rate", 135.0, "rate of the D2D links between ring neighbours, Mbit/s (the paper's 135)"),
+               "block count (empty: from device compute speeds, L_i = C_i/ΣC·W)", source="RingSFL eq. 9"),
+        Option("ring-version", 2, "1: RingSFLv1; 2: RingSFLv2, an overlapping block's lr times its overlap count (eq. 7)",
+               (1, 2), source="RingSFL eqs. 6-7"),
+        Option("d2d-rate", 135.0, "rate of the D2D links between ring neighbours, Mbit/s (the paper's 135)", above=0,
+               source="RingSFL §6"),
         Option("drop-per-round", 0, "K random ring members fail at a random step of each round (seeded); "
-               "the ring is rebuilt and the round rerun without them"),
+               "the ring is rebuilt and the round rerun without them", at_least=0),
     )
 
     def __init__(self, cfg: RunConfig, task: Task, **kwargs: Any) -> None:
@@ -198,7 +200,7 @@ class RingSFL(SyncStrategy):
                 self.rebuilds += 1
                 inject = False
         self.blended = states
-        self.model.load_state_dict(weighted_average([states[p] for p in ring], [1.0] * len(ring)))  # eq. 6
+        self.model.load_state_dict(self.aggregate_models([states[p] for p in ring], [1.0] * len(ring)))  # eq. 6
         self.server_updates += 1
 
     def _send(self, pid: int, request: Request) -> None:
