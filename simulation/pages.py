@@ -1,6 +1,8 @@
 """Results pages: the tables in the README and the docs are generated from the results files.
 
-A markdown file states a sweep's results through a marked block::
+A markdown file (README.md, or any page under ``docs/`` at any depth: the
+results pages ``docs/results/NAME.md`` sit beside the results folders) states a
+sweep's results through a marked block::
 
     <!-- sflower-report docs/results/mu-splitfed-table1 -->
     (the tables of that directory's report, written by this module)
@@ -26,8 +28,8 @@ BLOCK = re.compile(r"(<!-- sflower-report (?P<dir>\S+) -->\n)(?P<body>.*?)(<!-- 
 
 
 def page_files(root: Path) -> list[Path]:
-    """The markdown files that may hold blocks: README.md and everything under docs/."""
-    return [p for p in [root / "README.md", *sorted((root / "docs").rglob("*.md"))] if p.is_file()]
+    """The markdown files that may hold blocks: README.md and ``docs/**/*.md``, searched recursively."""
+    return [p for p in [root / "README.md", *sorted((root / "docs").glob("**/*.md"))] if p.is_file()]
 
 
 def render_page(text: str, root: Path) -> str:

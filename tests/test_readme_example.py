@@ -1,4 +1,5 @@
-"""The README's worked new-strategy example is the shipped code, and it learns."""
+"""The front door: the README's two commands and strategy table, and the worked new-strategy example of
+docs/how-to/add-a-strategy.md, which is the shipped code and learns."""
 
 import inspect
 import json
@@ -9,16 +10,18 @@ from simulation.cli import main
 from strategies.algorithms.psl import PSL
 
 ROOT = Path(__file__).resolve().parents[1]
+HOW_TO = ROOT / "docs" / "how-to" / "add-a-strategy.md"
+#: The README is the front door; the rest of the documentation is the docs site.
+README_MAX_LINES = 300
 
 
-def test_readme_example_is_the_shipped_class():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Adding a strategy", 1)[1]
+def test_the_worked_example_is_the_shipped_class():
+    section = HOW_TO.read_text().split("## Worked example", 1)[1]
     block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert block == inspect.getsource(PSL)
 
 
-def test_readme_example_strategy_learns(tmp_path):
+def test_the_worked_example_strategy_learns(tmp_path):
     out = tmp_path / "psl"
     code = main(["run", "strategy=psl", "dataset=mnist-5k", "partition=iid", "num-clients=4",
                  "concurrency=4", "global-iterations=3", "local-iterations=10", "heterogeneity=none",
@@ -39,3 +42,34 @@ def test_readme_gives_the_two_commands_and_ci_runs_its_test_command():
     test_command = commands[1]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert test_command in ci, (test_command, ci)
+
+
+def test_ci_builds_the_docs_strictly_before_the_tests():
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    build = [i for i, line in enumerate(ci) if line.startswith("mkdocs build") and "--strict" in line]
+    tests = [i for i, line in enumerate(ci) if line == "python -m pytest tests"]
+    assert build and tests and build[0] < tests[0], ci
+
+
+def test_readme_is_short_and_names_every_strategy_of_the_reference():
+    """The README's strategy table lists exactly the strategies of the generated strategy reference."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= README_MAX_LINES
+    table = readme.split("## Strategies", 1)[1].split("\n## ", 1)[0]
+    in_readme = set(re.findall(r"^\| `([a-z0-9-]+)`", table, re.M))
+    reference = (ROOT / "docs" / "reference" / "strategies.md").read_text()
+    block = reference.split("<!-- sflower-strategies -->", 1)[1].split("<!-- end sflower-strategies -->", 1)[0]
+    # the generated block names each strategy as a heading (### `gas`) or at a line's start (sflower strategies)
+    in_reference = set(re.findall(r"^(?:#+ `([a-z0-9-]+)`|([a-z0-9][a-z0-9-]+) {2,}\S)", block, re.M))
+    in_reference = {a or b for a, b in in_reference}
+    assert in_readme == in_reference, (in_readme ^ in_reference)
+
+
+def test_readme_links_resolve():
+    """Every relative link of the README names a file or folder of the repository."""
+    readme = (ROOT / "README.md").read_text()
+    links = [m for m in re.findall(r"\]\(([^)\s]+)\)", readme) if "://" not in m]
+    assert links
+    for link in links:
+        path = link.split("#", 1)[0]
+        assert (ROOT / path).exists(), link
