@@ -35,14 +35,15 @@ CORE_KEYS: tuple[str, ...] = tuple(opt.key for opt in CORE_OPTIONS)
 PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
 
 
-def installed_declarations() -> dict[str, Option]:
-    """``key -> Option`` of the core keys and every installed strategy's keys: ``pyproject.toml``'s table.
+def installed_declarations(builtin_only: bool = False) -> dict[str, Option]:
+    """``key -> Option`` of the core keys and every installed strategy's keys; ``builtin_only``: of sflower's
+    own strategies only, ``pyproject.toml``'s table (a plugin's keys travel in ``strategy-options``).
 
     Raises:
         ConfigError: a strategy redeclares a core key, or two declare one key differently.
     """
     table = {opt.key: opt for opt in CORE_OPTIONS}
-    for key, opt in installed_options().items():
+    for key, opt in installed_options(builtin_only).items():
         if key in table:
             raise ConfigError(f"strategy option {key} redeclares a core key")
         table[key] = opt
@@ -50,8 +51,8 @@ def installed_declarations() -> dict[str, Option]:
 
 
 def defaults() -> dict[str, Any]:
-    """Every installed key (core and strategies') with its default, in declaration order."""
-    return {key: opt.default for key, opt in installed_declarations().items()}
+    """``pyproject.toml``'s keys (the core keys and sflower's own strategies') with their defaults, in order."""
+    return {key: opt.default for key, opt in installed_declarations(builtin_only=True).items()}
 
 
 def preset_names() -> list[str]:

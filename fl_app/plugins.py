@@ -29,7 +29,11 @@ from fl_app.options import Option
 #: The entry-point group of strategy plugins (and of sflower's built-in strategies).
 GROUP = "sflower.strategies"
 
+#: The distribution whose entry points are the built-in strategies (their keys are ``pyproject.toml``'s).
+BUILTIN_DISTRIBUTION = "sflower"
+
 _REGISTRY: dict[str, type] = {}
+_BUILTIN: set[str] = set()
 _loaded = False
 
 
@@ -40,8 +44,8 @@ def register(cls: type) -> type:
         ValueError: the name is empty or already taken by another class.
     """
     name = getattr(cls, "name", "")
-    if not name:
-        raise ValueError(f"{cls.__name__} needs a non-empty `name`")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{cls.__name__} needs a non-empty string `name`")
     if name in _REGISTRY and _REGISTRY[name] is not cls:
         raise ValueError(f"strategy name '{name}' is already registered by {_REGISTRY[name].__name__}")
     _REGISTRY[name] = cls
@@ -59,6 +63,7 @@ def load_entry_points() -> None:
         return
     _loaded = True
     found = entry_points(group=GROUP)
+    builtin_modules = {ep.module for ep in found if ep.dist is not None and ep.dist.name == BUILTIN_DISTRIBUTION}
     for ep in found:
         try:
             obj = ep.load()
@@ -66,8 +71,9 @@ def load_entry_points() -> None:
             _loaded = False
             raise ConfigError(f"strategy plugin '{ep.name}' ({ep.value}) failed to import: "
                               f"{type(err).__name__}: {err}") from None
-        if isinstance(obj, type) and getattr(obj, "name", "") and _REGISTRY.get(obj.name) is not obj:
+        if isinstance(obj, type) and isinstance(getattr(obj, "name", None), str) and _REGISTRY.get(obj.name) is not obj:
             register(obj)
+    _BUILTIN.update(name for name, cls in _REGISTRY.items() if cls.__module__ in builtin_modules)
     if not found:
         raise ConfigError(f"no strategy is installed under the entry-point group '{GROUP}': install sflower "
                           "(pip install -e .), whose built-in strategies are entry points too")
@@ -81,7 +87,7 @@ def _import_class(spec: str) -> type:
     except Exception as err:
         raise ConfigError(f"strategy={spec}: cannot import {module_name}: {type(err).__name__}: {err}") from None
     cls = getattr(module, attr, None)
-    if not isinstance(cls, type) or not getattr(cls, "name", ""):
+    if not isinstance(cls, type) or not isinstance(getattr(cls, "name", None), str) or not cls.name:
         raise ConfigError(f"strategy={spec}: {module_name} has no strategy class {attr!r} (a class with a `name`)")
     if _REGISTRY.get(cls.name) is not cls:
         register(cls)
@@ -104,10 +110,10 @@ def strategy_class(name: str) -> type:
     return _REGISTRY[name]
 
 
-def strategy_names() -> list[str]:
-    """Every registered strategy name (entry points loaded), sorted."""
+def strategy_names(builtin_only: bool = False) -> list[str]:
+    """Every registered strategy name (entry points loaded), sorted; ``builtin_only``: sflower's own."""
     load_entry_points()
-    return sorted(_REGISTRY)
+    return sorted(n for n in _REGISTRY if not builtin_only or n in _BUILTIN)
 
 
 def options_of(cls: type) -> list[Option]:
@@ -119,16 +125,19 @@ def options_of(cls: type) -> list[Option]:
     return list(seen.values())
 
 
-def installed_options() -> dict[str, Option]:
-    """``key -> Option`` of every registered strategy (entry points loaded), in registration order.
+def installed_options(builtin_only: bool = False) -> dict[str, Option]:
+    """``key -> Option`` of every registered strategy (entry points loaded), by strategy name;
+    ``builtin_only``: of sflower's own strategies (those of :data:`BUILTIN_DISTRIBUTION`'s entry points).
 
     Raises:
         ConfigError: two strategies declare one key with different types or defaults.
     """
     load_entry_points()
     out: dict[str, Option] = {}
-    for name, cls in list(_REGISTRY.items()):
-        for opt in options_of(cls):
+    for name in sorted(_REGISTRY):  # by name: the same order whichever package's entry points load first
+        if builtin_only and name not in _BUILTIN:
+            continue
+        for opt in options_of(_REGISTRY[name]):
             _merge(out, opt, name)
     return out
 

@@ -44,7 +44,7 @@ def _toml_value(value: object) -> str:
 def owners() -> dict[str, list[str]]:
     """``key -> strategy names`` declaring it, for every installed strategy key."""
     out: dict[str, list[str]] = {}
-    for name in strategy_names():
+    for name in strategy_names(builtin_only=True):
         for opt in options_of(strategy_class(name)):
             out.setdefault(opt.key, []).append(name)
     return out
@@ -55,7 +55,7 @@ def pyproject_table() -> str:
     lines = [f"# Generated from the option declarations by `sflower keys --write` (do not edit by hand).",
              TABLE, "# core keys (fl_app/options.py)"]
     lines += [f"{opt.key} = {_toml_value(opt.default)}" for opt in CORE_OPTIONS]
-    declared = installed_declarations()
+    declared = installed_declarations(builtin_only=True)
     who = owners()
     for key, opt in declared.items():
         if key not in CORE_KEYS:
@@ -83,7 +83,7 @@ def key_reference() -> str:
     out += ["", "### Strategy keys", "", "Declared on the strategy classes; a strategy ignores the others' keys.", "",
             "| key | strategies | default | accepts | meaning | source |", "|---|---|---|---|---|---|"]
     who = owners()
-    for key, opt in installed_declarations().items():
+    for key, opt in installed_declarations(builtin_only=True).items():
         if key not in CORE_KEYS:
             out.append(_row(opt, ", ".join(f"`{n}`" for n in who.get(key, []))))
     return "\n".join(out) + "\n"
@@ -92,7 +92,7 @@ def key_reference() -> str:
 def strategy_reference() -> str:
     """The strategy reference (markdown): each strategy, its one-line description and its options."""
     out = []
-    for name in strategy_names():
+    for name in strategy_names(builtin_only=True):
         cls = strategy_class(name)
         doc = (cls.__doc__ or "").strip().splitlines()
         out += [f"### `{name}`", "", doc[0] if doc else "", ""]

@@ -21,7 +21,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from torch import nn
 
 from fl_app import protocol as P
-from fl_app.config import DEFAULTS, RunConfig, parse_key_values
+from fl_app.config import RunConfig, defaults, parse_key_values
 from fl_app.errors import ConfigError
 from strategies.core.dispatcher import Request
 from tests.conftest import TINY, cli_args, make_cfg, read_metrics
@@ -35,21 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 # =============================================================================
 
 
-def test_pyproject_run_config_equals_defaults():
-    with open(REPO / "pyproject.toml", "rb") as fh:
-        table = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
-    assert set(table) == set(DEFAULTS), (
-        f"only in pyproject: {sorted(set(table) - set(DEFAULTS))}, "
-        f"only in DEFAULTS: {sorted(set(DEFAULTS) - set(table))}")
-    for key, default in DEFAULTS.items():
-        # == alone would accept 1 == 1.0 == True: compare the types too.
-        assert type(table[key]) is type(default), f"{key}: {type(table[key]).__name__} vs {type(default).__name__}"
-        assert table[key] == default, f"{key}: {table[key]!r} vs {default!r}"
-
-
 def test_defaults_are_a_valid_config():
     cfg = RunConfig.from_mapping()
-    assert cfg.as_dict() == DEFAULTS
+    assert cfg.as_dict() == defaults()
     assert cfg.num_clients == 20 and cfg.batch_size == 32 and cfg.logit_adjust is True
 
 
@@ -708,7 +696,7 @@ def test_virtual_time_and_bytes_by_hand(small_run):
 
 def test_outputs_written(small_run):
     cfg = json.loads((small_run / "config.json").read_text())
-    assert cfg["config"] == {**DEFAULTS, **{k: v for k, v in SMALL_RUN.items()}, "output-dir": str(small_run)}
+    assert cfg["config"] == {**defaults(), **{k: v for k, v in SMALL_RUN.items()}, "output-dir": str(small_run)}
     profiles = cfg["device_profiles"]
     assert [p["partition_id"] for p in profiles] == [0, 1, 2]
     for p in profiles:
@@ -1084,25 +1072,6 @@ def test_cli_divergence_keeps_metrics(tmp_path, capsys):
     assert (out / "config.json").is_file()
 
 
-def test_strategy_options_and_core_keys_are_the_run_config():
-    """DEFAULTS (and so pyproject) is exactly the core keys plus every strategy's declared
-    options, with the same defaults and types; choices admit the default."""
-    from fl_app.config import CORE_KEYS
-    from strategies.core.registry import get_strategy, strategy_names
-
-    declared: dict[str, object] = {}
-    for name in strategy_names():
-        for opt in get_strategy(name).all_options():
-            assert opt.key not in CORE_KEYS, f"{name} redeclares core key {opt.key}"
-            assert opt.key in DEFAULTS, f"{name} declares {opt.key}, missing from DEFAULTS"
-            assert type(DEFAULTS[opt.key]) is opt.type and DEFAULTS[opt.key] == opt.default, opt.key
-            assert not opt.choices or opt.default in opt.choices, opt.key
-            assert opt.help.strip(), opt.key
-            declared[opt.key] = opt.default
-    assert set(CORE_KEYS) | set(declared) == set(DEFAULTS)
-    assert not set(CORE_KEYS) & set(declared)
-
-
 def test_cli_strategies_prints_options(capsys):
     from simulation.cli import main
 
@@ -1113,17 +1082,17 @@ def test_cli_strategies_prints_options(capsys):
     assert "\npsl " in out and "\nvanilla-sl " in out
     ring = out.split("\nringsfl ", 1)[1].split("\ns2fl", 1)[0]
     assert "run with: preset=ringsfl-reference" in ring.splitlines()[1]  # right under its name
-    from fl_app.config import PRESETS
+    from fl_app.config import preset_names
 
     for name in ("gas", "mu-splitfed", "ringsfl"):  # each names a preset that exists
         line = out.split(f"\n{name} ", 1)[1].splitlines()[1]
-        assert line.strip().split()[2].removeprefix("preset=") in PRESETS, line
+        assert line.strip().split()[2].removeprefix("preset=") in preset_names(), line
 
 
 def test_gas_reference_preset():
-    """preset=gas-reference sets the GAS authors' choices; a key given with a non-default value wins;
-    under `flwr run` every key arrives with its default and the preset still applies."""
-    from fl_app.config import DEFAULTS, RunConfig
+    """preset=gas-reference sets the GAS authors' choices; every key given wins, at any value; a resolved
+    configuration resolves to itself; under `flwr run` (every key arrives) only the keys of Flower's
+    override config count as given."""
     from fl_app.errors import ConfigError
 
     cfg = RunConfig.from_mapping({"preset": "gas-reference"})
@@ -1131,7 +1100,11 @@ def test_gas_reference_preset():
                                                                            True)
     mine = RunConfig.from_mapping({"preset": "gas-reference", "init": "ringsfl"})
     assert (mine.init, mine.aggregation) == ("ringsfl", "uniform")
-    assert RunConfig.from_mapping({**DEFAULTS, "preset": "gas-reference"}).init == "torch-default"
+    assert RunConfig.from_mapping({"preset": "gas-reference", "init": "default"}).init == "default"  # a default wins
+    assert RunConfig.from_mapping(mine.as_dict()).as_dict() == mine.as_dict()
+    everything = {**defaults(), "preset": "gas-reference"}
+    assert RunConfig.from_mapping(everything, given={"preset"}).init == "torch-default"
+    assert RunConfig.from_mapping(everything, given={"preset", "init"}).init == "default"
     assert RunConfig.from_mapping({}).init == "default"
     with pytest.raises(ConfigError, match="unknown preset 'gas'"):
         RunConfig.from_mapping({"preset": "gas"})

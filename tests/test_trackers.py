@@ -159,8 +159,7 @@ def test_tracker_packages_are_imported_only_when_asked_for():
 
 
 def test_every_tracker_name_has_a_class_and_an_extra():
-    from fl_app.config import TRACKERS
-    from simulation.outputs.trackers import EXTRAS, TRACKER_CLASSES
+    from simulation.outputs.trackers import EXTRAS, TRACKER_CLASSES, TRACKERS
 
     assert tuple(TRACKER_CLASSES) == TRACKERS == tuple(EXTRAS)
     with open(REPO / "pyproject.toml", "rb") as fh:

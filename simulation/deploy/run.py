@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_app.config import RunConfig, installed_declarations
+from fl_app.plugins import options_of, strategy_class
 from simulation.deploy.cluster import Deployment
 from simulation.deploy.keys import certificate_paths
 from simulation.deploy.options import DeployOptions, fresh_run_dir
@@ -33,9 +34,10 @@ def run_config_for(cfg: RunConfig, given: Mapping[str, Any], out_dir: Path,
     localhost); without TLS, ``session-tls=false``.
     """
     values = cfg.as_dict()
-    pyproject_keys = installed_declarations()  # Flower refuses other keys: a plugin's go in strategy-options
+    pyproject_keys = installed_declarations(builtin_only=True)  # Flower refuses other keys: a plugin's go in strategy-options
     table = {k: values[k] for k in given if k in pyproject_keys and k != "strategy-options"}
-    plugin = {k: v for k, v in values.items() if k not in pyproject_keys}
+    own = [opt.key for opt in options_of(strategy_class(cfg.strategy))] + list(given)
+    plugin = {k: values[k] for k in dict.fromkeys(own) if k in values and k not in pyproject_keys}
     if plugin:
         table["strategy-options"] = " ".join(f"{k}={v}" for k, v in plugin.items())
     table["output-dir"] = str(out_dir)
