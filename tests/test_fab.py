@@ -50,14 +50,21 @@ def test_fab_has_format_1_fields_license_and_code(tmp_path):
     assert not any(n.startswith("tests/test_") for n in names)  # Flower leaves test files out
 
 
-def test_flwr_run_runs_the_built_fab_in_simulation(tmp_path):
-    """The unpacked FAB runs under ``flwr run`` on a simulation SuperLink: one global iteration, all outputs."""
+def test_flwr_run_runs_the_built_fab_in_simulation(tmp_path, monkeypatch):
+    """The unpacked FAB runs under ``flwr run`` on a simulation SuperLink: one global iteration, all outputs.
+
+    The strategy is the example plugin (``strategy=module:Class``, importable from ``PYTHONPATH`` in
+    every process), its key travels in ``strategy-options``, and ``model=alexnet`` given beside
+    ``preset=mu-splitfed`` wins over the preset's ``lenet5`` although it is the default."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "trimmed-mean-splitfed"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(example), os.environ.get("PYTHONPATH", "")]))
     fab = build_fab(tmp_path)
     app = tmp_path / "app"
     with zipfile.ZipFile(fab) as z:
         z.extractall(app)
     out = tmp_path / "out"
-    run_config = {"strategy": "splitfed-v1", "model": "lenet5", "num-clients": 2, "concurrency": 2,
+    run_config = {"strategy": "trimmed_mean_splitfed:TrimmedMeanSplitFed", "strategy-options": "trim-fraction=0.34",
+                  "preset": "mu-splitfed", "model": "alexnet", "cut-layer": 2, "num-clients": 2, "concurrency": 2,
                   "partition": "iid", "heterogeneity": "none", "global-iterations": 1, "local-iterations": 2,
                   "batch-size": 8, "output-dir": str(out)}
     with Deployment(tmp_path / "deploy", tls=False, auth=False) as dep:
@@ -76,3 +83,5 @@ def test_flwr_run_runs_the_built_fab_in_simulation(tmp_path):
     assert summary["status"] == "completed" and summary["global_iterations"] == 1, summary
     for name in ("metrics.csv", "model.safetensors", "model.json", "partition.png"):
         assert (out / name).is_file(), name
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert (config["model"], config["lr"], config["trim-fraction"]) == ("alexnet", 0.008, 0.34), config
