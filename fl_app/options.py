@@ -212,8 +212,8 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "varies only the data order between runs; `init-seed=2023 init=torch-default model=alexnet-gas` "
            "gives their initial weights exactly, and `seed` still varies the rest", at_least=-1),
     Option("partition-seed", -1, "seeds the partition alone (`-1`: `seed`): with it fixed, `seed` varies the devices, the client "
-           "draws, the data order and the rest over one assignment of the data to clients (see \"Where the "
-           "two misses come from\" in docs/results.md)", at_least=-1),
+           "draws, the data order and the rest over one assignment of the data to clients (the GAS results page, \"Where "
+           "the two misses come from\")", at_least=-1),
     Option("eval-every", 1, "evaluate every N global iterations (and at the end)", at_least=0),
     Option("eval-samples", 0, "test examples of each intermediate evaluation (0 = the whole test set)", at_least=0),
     Option("target-accuracy", 0.0, "stop once the test accuracy reaches this (0 = off)", at_least=0),
