@@ -8,6 +8,8 @@ pure functions of :mod:`strategies.core.aggregation`.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from flwr.app import ArrayRecord
 
@@ -16,7 +18,7 @@ from fl_app.models import BlockModel
 from fl_app.config import Option
 from strategies.core.aggregation import (
     AGGREGATION_OPTION,
-    average_uploads,
+    ModelAggregation,
     ca2fl_step,
     fedbuff_step,
     staleness_weight,
@@ -27,6 +29,8 @@ from strategies.core.loops import AsyncStrategy, SyncStrategy
 from strategies.core.dispatcher import Reply, Request
 from strategies.core.registry import register
 from strategies.core.requests import optimizer_settings
+
+log = logging.getLogger("sflower")
 
 
 class FullModelMixin(SFLStrategy):
@@ -65,7 +69,7 @@ class FedAvg(FullModelMixin, SyncStrategy):
         replies = self.gather({pid: self.fit_request(start, pid) for pid in cohort})
         if replies:
             states = {p: P.record_state(P.array_of(c, P.WEIGHTS)) for p, c in replies.items()}
-            self.model.load_state_dict(average_uploads(states, self.aggregation_weight))
+            self.model.load_state_dict(self.aggregate_uploads(states))
         self.server_updates += 1
 
 
@@ -73,7 +77,9 @@ class BufferedFL(FullModelMixin, AsyncStrategy):
     """Asynchronous buffered FL: C clients train at once; K updates make a global iteration.
 
     Hook: :meth:`apply_buffer` turns the buffered ``(pid, Δ, staleness)``
-    into the new global state.
+    into the new global state. It combines updates, not models, so
+    :meth:`~strategies.core.aggregation.ModelAggregation.aggregate_models` is
+    not called (its docstring says why); override :meth:`apply_buffer` instead.
     """
 
     options = (
@@ -84,6 +90,9 @@ class BufferedFL(FullModelMixin, AsyncStrategy):
     def initialize(self) -> None:
         """Version counter, buffer, snapshots of the models clients started from."""
         super().initialize()
+        if type(self).aggregate_models is not ModelAggregation.aggregate_models:
+            log.warning("%s: aggregate_models is overridden but never called: buffered FL combines updates in "
+                        "apply_buffer; override that instead", self.name)
         self.k = self.cfg.fl_buffer or self.cfg.concurrency
         self.version = 0
         #: version -> (state, its encoded ArrayRecord) of the models clients started from

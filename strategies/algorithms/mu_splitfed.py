@@ -94,7 +94,7 @@ class MUSplitFed(SyncSplitStrategy):
         self.copies = {}
 
     def _step_towards(self, model: nn.Module, states: Mapping[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """``w + η_g·(avg_k w_k − w)`` per tensor, ``avg`` from :meth:`aggregate_models`; exactly it at ``η_g = 1``."""
+        """``w + η_g·(agg − w)`` per tensor, ``agg`` from :meth:`aggregate_models`; exactly ``agg`` at ``η_g = 1``."""
         avg = {k: self.on_device(v) for k, v in self.aggregate_uploads(states).items()}
         eta = self.cfg.server_lr
         if eta == 1.0:

@@ -7,7 +7,7 @@ import torch
 from fl_app import protocol as P
 from fl_app.config import Option
 from fl_app.models import BlockModel
-from strategies.core.aggregation import AGGREGATION_OPTION, average_uploads
+from strategies.core.aggregation import AGGREGATION_OPTION
 from strategies.core.registry import register
 from strategies.core.server_step import server_step
 from strategies.core.split import CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SyncSplitStrategy, copy_model
@@ -19,7 +19,8 @@ class SplitFedV1(SyncSplitStrategy):
 
     Each cohort member trains its own copy of the server-side model on its
     activations; at the end of the round the copies are averaged (weights
-    ``|D_k|``), as are the client-side models.
+    ``|D_k|``), as are the client-side models: both through
+    :meth:`~strategies.core.aggregation.ModelAggregation.aggregate_models`.
 
     ``client-optimizer=zo server-optimizer=zo`` is ZO-SplitFed, MU-SplitFed's
     baseline as its §5 defines it ("we modify both vanilla SplitFed and GAS to
@@ -56,10 +57,10 @@ class SplitFedV1(SyncSplitStrategy):
         return grads
 
     def end_round(self, cohort: list[int]) -> None:
-        """Average the server copies of the clients that finished the round."""
+        """Aggregate the server copies of the clients that finished the round (:meth:`aggregate_models`)."""
         if cohort:
             states = {p: self.copies[p].state_dict() for p in cohort}
-            self.server_model.load_state_dict(average_uploads(states, self.aggregation_weight))
+            self.server_model.load_state_dict(self.aggregate_uploads(states))
         self.copies, self.copy_opts = {}, {}
 
 

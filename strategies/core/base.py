@@ -36,6 +36,8 @@ hook                        contract
 ``launch``, ``on_reply``    (Async) start a client's local work; handle one successful reply
 ``on_failure``              a client was excluded (error, timeout, malformed reply): drop its work
 ``validate_reply``          why a reply is unusable, or None (extend with ``super()``)
+``aggregate_models``        combine K models into one; every model average goes through it (default:
+                            the weighted mean; :class:`~strategies.core.aggregation.ModelAggregation`)
 ``extra_metrics``           extra columns of the current metric row
 ``summary_dict``            ``summary.json`` (extend with ``super()``)
 ``checkpoint_state``,       the server state a checkpoint saves and restores (default: every
@@ -76,6 +78,7 @@ from fl_app.task import Task
 from strategies.core import checkpoint as ckpt
 from strategies.core import metrics
 from strategies.core import progress as progress_bar
+from strategies.core.aggregation import ModelAggregation
 from strategies.core.checkpoint import CHECKPOINT_UNSUPPORTED, Checkpointer
 from strategies.core.clock import Clock, Timing
 from strategies.core.dispatcher import Dispatcher, Pending, Reply, Request
@@ -94,7 +97,7 @@ __all__ = ["CHECKPOINT_UNSUPPORTED", "STREAM_SELECTION", "ClientInfo", "Diverged
 log = logging.getLogger("sflower")
 
 
-class SFLStrategy(EventLoopStrategy):
+class SFLStrategy(ModelAggregation, EventLoopStrategy):
     """Base class of all strategies; subclasses supply hooks (listed in the module docstring), not loops.
 
     Args:

@@ -33,7 +33,6 @@ from fl_app.errors import ConfigError
 from fl_app.models import BlockModel, split_model
 from fl_app.task import Task
 from fl_app.training import make_sgd
-from strategies.core.aggregation import average_uploads
 from strategies.core.base import SFLStrategy
 from strategies.core.loops import SyncStrategy
 from strategies.core.dispatcher import Request
@@ -243,7 +242,9 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         :meth:`start_weights`: the client-side weights the round starts from.
         :meth:`server_iteration`: activations of the cohort -> gradients
             (None: the client gets no gradient and takes no step).
-        :meth:`collect_client_models`: what to do with the uploaded models.
+        :meth:`collect_client_models`: what to do with the uploaded models
+            (default: :meth:`~strategies.core.aggregation.ModelAggregation.aggregate_models`
+            of them; override that hook alone to change only how they are combined).
         :meth:`end_round`: after the client-side models are collected.
     """
 
@@ -277,9 +278,10 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         raise NotImplementedError
 
     def collect_client_models(self, uploads: Mapping[int, dict[str, torch.Tensor]]) -> None:
-        """Average the uploaded client-side models (eq. 10 weights) into the current one."""
+        """Aggregate the uploaded client-side models (:meth:`aggregate_models`, ascending pid; default the
+        eq. 10 weighted mean) into the current one."""
         if uploads:
-            self.client_model.load_state_dict(average_uploads(uploads, self.aggregation_weight))
+            self.client_model.load_state_dict(self.aggregate_uploads(uploads))
 
     def end_round(self, cohort: list[int]) -> None:
         """Finish the server side of a round (e.g. average server copies)."""
