@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord
 
 from fl_app import protocol as P
 from fl_app.models import BlockModel
-from fl_app.config import Option
+from fl_app.options import Option
 from strategies.core.aggregation import (
     AGGREGATION_OPTION,
     ModelAggregation,
@@ -83,8 +83,8 @@ class BufferedFL(FullModelMixin, AsyncStrategy):
     """
 
     options = (
-        Option("server-lr", 1.0, "global learning rate η_g"),
-        Option("fl-buffer", 0, "buffer size K (0 = concurrency)"),
+        Option("server-lr", 1.0, "global learning rate η_g", above=0, source="FedBuff Algorithm 1"),
+        Option("fl-buffer", 0, "buffer size K (0 = concurrency)", at_least=0, source="FedBuff Algorithm 1"),
     )
 
     def initialize(self) -> None:
@@ -144,7 +144,7 @@ class FedBuff(BufferedFL):
     """FedBuff (Nguyen et al. 2022): ``w ← w + η_g · mean_k s(τ_k) Δ_k`` over K buffered updates."""
 
     name = "fedbuff"
-    options = (Option("staleness", "none", "staleness weight s(τ)", ("none", "polynomial")),)
+    options = (Option("staleness", "none", "staleness weight s(τ)", ("none", "polynomial"), source="FedBuff §5"),)
 
     def apply_buffer(self, state, buffer):
         """FedBuff's server step (``server-lr`` = η_g, ``staleness`` = s)."""

@@ -12,14 +12,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from fl_app.config import Option
+from fl_app.options import Option
 
 State = Mapping[str, torch.Tensor]
 
 #: The option of every strategy that averages client models.
 AGGREGATION_OPTION = Option("aggregation", "data-size",
                             "client-model averaging weights: |D_k| (eq. 10) or uniform (GAS reference code)",
-                            ("data-size", "uniform"))
+                            ("data-size", "uniform"), source="GAS eq. 10")
 
 
 def weighted_average(states: Sequence[State], weights: Sequence[float]) -> dict[str, torch.Tensor]:

@@ -28,7 +28,8 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from fl_app import protocol as P
-from fl_app.config import Option, RunConfig
+from fl_app.config import RunConfig
+from fl_app.options import Option
 from fl_app.errors import ConfigError
 from fl_app.models import BlockModel, split_model
 from fl_app.task import Task
@@ -42,19 +43,20 @@ from strategies.core.server_step import LossFn, zo_step
 
 #: Options of every strategy whose clients can train with zeroth-order updates (MU-SplitFed, docs/design.md §7).
 ZO_OPTIONS = (
-    Option("perturbations", 1, "ZO: P perturbation pairs per client step"),
-    Option("zo-smoothing", 0.001, "ZO: smoothing parameter μ"),
+    Option("perturbations", 1, "ZO: P perturbation pairs per client step", at_least=1, source="MU-SplitFed eq. 3"),
+    Option("zo-smoothing", 0.001, "ZO: smoothing parameter μ", above=0, source="MU-SplitFed eq. 3"),
     Option("zo-clip", 10.0, "ZO: clip the norm of every ZO estimate, client and server side (0 = none, as the "
            "paper, and as preset=mu-splitfed; unclipped ZO diverges at the global lr 0.01 and momentum 0.9). "
-           "clip-norm clips first-order steps only"),
+           "clip-norm clips first-order steps only", at_least=0),
 )
 #: ``client-optimizer``: ``zo`` gives the ZO baselines of MU-SplitFed (ZO-SplitFed, ZO-GAS).
 CLIENT_OPTIMIZER_OPTION = Option("client-optimizer", "sgd", "client-side training: first-order SGD, or zeroth-order "
-                                 "(forward passes only; MU-SplitFed's ZO baselines)", ("sgd", "zo"))
+                                 "(forward passes only; MU-SplitFed's ZO baselines)", ("sgd", "zo"),
+                                 source="MU-SplitFed §5")
 #: ``server-optimizer``: ``zo`` makes the server side zeroth-order too, as MU-SplitFed §5 defines its baselines.
 SERVER_OPTIMIZER_OPTION = Option("server-optimizer", "sgd", "server-side training: first-order SGD, or zeroth-order "
                                  "(ZO-SGD, eq. 5; with client-optimizer=zo: ZO-SplitFed, ZO-GAS as MU-SplitFed §5 "
-                                 "defines them)", ("sgd", "zo"))
+                                 "defines them)", ("sgd", "zo"), source="MU-SplitFed eq. 5, §5")
 
 
 @dataclass(frozen=True)
