@@ -94,31 +94,35 @@ def top_up(gaussians: LabelGaussians, x: torch.Tensor, y: torch.Tensor, batch: i
     return torch.cat([x, gx.reshape(-1, *x.shape[1:])]), torch.cat([y, gy]), int(gy.numel())
 
 
+#: GAS's run-config keys (its class's ``options``).
+GAS_OPTIONS = (
+    Option("generate", True, "generated activations on/off (off: the plain async SFL framework)"),
+    Option("covariance", "full", "per-label Gaussians: full or diagonal covariance", ("full", "diagonal"),
+           source="GAS eqs. 11-12"),
+    Option("buffer-activations", 0, "activation buffer Q_s, in batches (0 = concurrency)", at_least=0,
+           source="GAS Algorithm 1"),
+    Option("buffer-models", 0, "model buffer Q_c (0 = concurrency)", at_least=0, source="GAS Algorithm 1"),
+    Option("weighting", "linear", "progress weight s(n) of eqs. 11-12", ("linear", "exponential", "polynomial"),
+           source="GAS eqs. 11-12"),
+    PROGRESS_OPTION,
+    Option("logit-adjust", True, "eq. 6 logit-adjusted loss for G_k", source="GAS eq. 6"),
+    Option("dissimilarity-every", 0, "record Fig. 2's gradient dissimilarity every N server updates (0 = off)",
+           at_least=0, source="GAS Fig. 2"),
+    CLIENT_MOMENTUM_OPTION,
+    AGGREGATION_OPTION,
+    CLIENT_OPTIMIZER_OPTION,
+    SERVER_OPTIMIZER_OPTION,
+    *ZO_OPTIONS,
+)
+
+
 @register
 class GAS(SplitMixin, AsyncStrategy):
     """GAS (AAAI 2025): asynchronous SFL with activation and model buffers and generated activations."""
 
     name = "gas"
     run_with = "preset=gas-reference (the authors' code: their AlexNet, PyTorch's init, one shared client momentum)"
-    options = (
-        Option("generate", True, "generated activations on/off (off: the plain async SFL framework)"),
-        Option("covariance", "full", "per-label Gaussians: full or diagonal covariance", ("full", "diagonal"),
-               source="GAS eqs. 11-12"),
-        Option("buffer-activations", 0, "activation buffer Q_s, in batches (0 = concurrency)", at_least=0,
-               source="GAS Algorithm 1"),
-        Option("buffer-models", 0, "model buffer Q_c (0 = concurrency)", at_least=0, source="GAS Algorithm 1"),
-        Option("weighting", "linear", "progress weight s(n) of eqs. 11-12", ("linear", "exponential", "polynomial"),
-               source="GAS eqs. 11-12"),
-        PROGRESS_OPTION,
-        Option("logit-adjust", True, "eq. 6 logit-adjusted loss for G_k", source="GAS eq. 6"),
-        Option("dissimilarity-every", 0, "record Fig. 2's gradient dissimilarity every N server updates (0 = off)",
-               at_least=0, source="GAS Fig. 2"),
-        CLIENT_MOMENTUM_OPTION,
-        AGGREGATION_OPTION,
-        CLIENT_OPTIMIZER_OPTION,
-        SERVER_OPTIMIZER_OPTION,
-        *ZO_OPTIONS,
-    )
+    options = GAS_OPTIONS
 
     def initialize(self) -> None:
         """Server model, optimiser, buffers, per-label Gaussians."""
