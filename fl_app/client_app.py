@@ -1,4 +1,4 @@
-"""The ClientApp: the client side of the message protocol (docs/design.md §4).
+"""The ClientApp: the client side of the message protocol (docs/explanation/design.md §4).
 
 This module holds the ``ClientApp`` object (``pyproject.toml``'s
 ``clientapp = "fl_app.client_app:app"``) and routes each message type to its

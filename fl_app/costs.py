@@ -1,6 +1,6 @@
 """Compute and transfer figures of any block range, from the block profiles.
 
-docs/design.md §3 and §6. The virtual clock charges each request the
+docs/explanation/design.md §3 and §6. The virtual clock charges each request the
 FLOPs it makes a device compute and the bits it makes it send; both come
 from here, for any block range ``[start, end)`` of the model, so that a
 strategy (prefix, server-side suffix, RingSFL segment) never sums profiles
@@ -26,7 +26,7 @@ class BlockCosts:
 
     Args:
         profiles: per-block profiles (:func:`fl_app.models.profile_blocks`).
-        batch_parallel: GAS reference-code accounting (docs/design.md §6): a batch
+        batch_parallel: GAS reference-code accounting (docs/explanation/design.md §6): a batch
             costs one sample's FLOPs, as if processed in parallel.
     """
 

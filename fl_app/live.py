@@ -1,6 +1,6 @@
 """Live objects between a node's messages, kept only as a cache of its ``context.state``.
 
-docs/design.md §4: live Python objects do not survive between a node's
+docs/explanation/design.md §4: live Python objects do not survive between a node's
 messages under Ray and in deployment, so the ClientApp keeps all state in
 ``context.state`` and rebuilds its models from the stored weights in every
 message, and ``train.backward`` recomputes the forward pass. In the

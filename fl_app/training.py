@@ -3,7 +3,7 @@
 Everything here is stateless: the state a client carries between messages
 (weights, optimizer momentum, sampler position) is passed in and returned as
 Flower records, because live objects do not survive between a node's
-messages (docs/design.md §4).
+messages (docs/explanation/design.md §4).
 """
 
 from __future__ import annotations

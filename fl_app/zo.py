@@ -2,7 +2,7 @@
 
 MU-SplitFed (its paper, Sec. 3, eqs. 3-6) trains the
 client-side model, and its server-side copies, from loss differences only.
-The paper's equations were lost in extraction; docs/design.md §7 fixes the
+The paper's equations were lost in extraction; docs/explanation/design.md §7 fixes the
 standard form used here:
 
     g = (d / (2 μ P)) · Σ_p [f(x + μ u_p) − f(x − μ u_p)] · u_p
@@ -78,7 +78,7 @@ def perturb_(model: nn.Module, u: Sequence[torch.Tensor], scale: float) -> None:
 
 def spsa_gradient(diffs: Sequence[float], directions: Iterable[Sequence[torch.Tensor]], mu: float,
                   dim: int) -> list[torch.Tensor]:
-    """``g = (d / (2 μ P)) Σ_p diffs_p · u_p`` (MU-SplitFed's ZO estimator, docs/design.md §7).
+    """``g = (d / (2 μ P)) Σ_p diffs_p · u_p`` (MU-SplitFed's ZO estimator, docs/explanation/design.md §7).
 
     Args:
         diffs: ``P`` loss differences ``f(x + μu_p) − f(x − μu_p)``.

@@ -357,7 +357,7 @@ def placement_table(rows: Sequence[Sequence[Any]], nodes: Sequence[Mapping[str, 
 
 class _QuietDeprecation(logging.Filter):
     """Drops Flower's notice that ``run_simulation`` is deprecated (it is the engine's documented entry point
-    in 1.41, docs/design.md §4; the notice is printed twice per run and says nothing a user can act on)."""
+    in 1.41, docs/explanation/design.md §4; the notice is printed twice per run and says nothing a user can act on)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "`run_simulation` function is deprecated" not in record.getMessage()

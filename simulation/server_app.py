@@ -2,7 +2,7 @@
 
 It lives on the top floor (``fl_app`` < ``strategies`` < ``simulation``): it
 is the one place where the task and outputs of ``fl_app``, a strategy and the
-virtual time of :mod:`simulation.timing` meet (docs/design.md §2). The same
+virtual time of :mod:`simulation.timing` meet (docs/explanation/design.md §2). The same
 :func:`run_server` runs under ``flwr run .`` (Ray simulation or deployment;
 ``pyproject.toml`` names ``simulation.server_app:app``), under the in-process
 engine and under :func:`flwr.simulation.run_simulation`.
@@ -144,7 +144,7 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     if cfg.checkpoint_every:
         strategy.checkpoint_path = plan.out_dir / CHECKPOINT_FILE
     strategy.resume_from = plan.resume_from
-    if extra["transport"] == "session":  # docs/design.md §4, "The session transport"
+    if extra["transport"] == "session":  # docs/explanation/design.md §4, "The session transport"
         grid = open_session_grid(grid, cfg)
         try:
             strategy.start(grid)

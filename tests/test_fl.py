@@ -1,4 +1,4 @@
-"""FL baselines (docs/design.md §7, "Asynchronous FL baselines"): the pure
+"""FL baselines (docs/explanation/design.md §7, "Asynchronous FL baselines"): the pure
 update rules of :mod:`strategies.core.aggregation` against hand-worked numbers,
 the strategies' wiring of those rules, and two short in-process runs
 (FedBuff's buffer size, FedAvg actually learning on mnist-5k).

@@ -1,4 +1,4 @@
-"""GAS (docs/design.md §7): the logit-adjusted loss (eq. 6) and the activation
+"""GAS (docs/explanation/design.md §7): the logit-adjusted loss (eq. 6) and the activation
 gradient by hand, the activation and model buffers driven event by event on a
 strategy object with a stubbed transport, and two short in-process runs
 (reproducibility, virtual-time order).

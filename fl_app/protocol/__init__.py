@@ -1,7 +1,7 @@
 """The client message protocol: actions and record keys, typed configs, the array codec, records,
 request builders and reply readers.
 
-docs/design.md §4. One home per message action:
+docs/explanation/design.md §4. One home per message action:
 
 * :mod:`.keys`: the actions (message types), record keys and their values;
 * :mod:`.configs`: the typed per-action configs (the ``config`` record);

@@ -1,4 +1,4 @@
-"""The session transport's client side and its frames (docs/design.md §4, "The session transport").
+"""The session transport's client side and its frames (docs/explanation/design.md §4, "The session transport").
 
 * :mod:`fl_app.session.wire`: a RecordDict and a header as bytes, and back;
 * :mod:`fl_app.session.client`: the ``query.session`` handler, which connects

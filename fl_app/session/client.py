@@ -1,6 +1,6 @@
 """The client side of a session: one Flower message that serves a node's requests until the session closes.
 
-docs/design.md §4 ("The session transport"). The ServerApp opens a session
+docs/explanation/design.md §4 ("The session transport"). The ServerApp opens a session
 with one ``query.session`` message per node. Its :data:`SESSION` config
 record holds the endpoint's ``address`` (``host:port``), the session id, the
 per-session ``secret`` and, with TLS, the CA certificate (PEM) that signed

@@ -1,6 +1,6 @@
 """The session transport's frames: a :class:`~flwr.app.RecordDict` and a small header as bytes, and back.
 
-docs/design.md §4 (the session transport). A frame is::
+docs/explanation/design.md §4 (the session transport). A frame is::
 
     4 bytes   big-endian length H of the header
     H bytes   the header: UTF-8 JSON, an object

@@ -27,7 +27,7 @@ log = logging.getLogger("sflower.deploy")
 APP_DIR = Path(__file__).resolve().parents[2]
 #: Name of the SuperLink connection written to the run's ``FLWR_HOME/config.toml``.
 CONNECTION = "sflower-deploy"
-#: Environment of every Flower process: offline, no telemetry, no update check (docs/design.md §4).
+#: Environment of every Flower process: offline, no telemetry, no update check (docs/explanation/design.md §4).
 OFFLINE_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "FLWR_TELEMETRY_ENABLED": "0",

@@ -27,7 +27,7 @@ def run_config_for(cfg: RunConfig, given: Mapping[str, Any], out_dir: Path,
     """The ``--run-config`` table: the keys given (typed as in ``cfg``; a plugin's in ``strategy-options``),
     plus ``output-dir``.
 
-    Unless given, it also sets up the session transport (docs/design.md §4):
+    Unless given, it also sets up the session transport (docs/explanation/design.md §4):
     ``session-address=localhost:0`` (a free loopback port) and, with TLS
     (``certs``: the deployment's ``ca``, ``cert`` and ``key``), the
     endpoint's certificate, key and CA (the SuperLink's own, made for

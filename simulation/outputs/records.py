@@ -1,4 +1,4 @@
-"""Run outputs (docs/design.md §9): config.json, metrics.csv, summary.json, accuracy.png.
+"""Run outputs (docs/explanation/design.md §9): config.json, metrics.csv, summary.json, accuracy.png.
 
 ``metrics.csv`` is appended one row per evaluation and flushed at once, so a
 killed run keeps every row written so far. Listeners (:class:`RunListener`:

@@ -1,4 +1,4 @@
-"""The session transport's server side (docs/design.md §4, "The session transport").
+"""The session transport's server side (docs/explanation/design.md §4, "The session transport").
 
 In a deployment, Flower 1.41 starts a new ClientApp process for every
 message (seconds each). A session carries all of a node's requests over one

@@ -1,6 +1,6 @@
 """The ServerApp's session endpoint: a gRPC server with one authenticated stream of frames per node.
 
-docs/design.md §4 ("The session transport"). :class:`SessionEndpoint` serves
+docs/explanation/design.md §4 ("The session transport"). :class:`SessionEndpoint` serves
 :data:`fl_app.session.client.METHOD` (a bidirectional stream of
 :mod:`fl_app.session.wire` frames) with grpcio, over TLS with the
 deployment's certificate, or in plaintext only when asked for explicitly.

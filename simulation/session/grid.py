@@ -1,6 +1,6 @@
 """The session grid: a Flower :class:`~flwr.serverapp.Grid` that carries a node's requests over its session.
 
-docs/design.md §4 ("The session transport"). :class:`SessionGrid` wraps the
+docs/explanation/design.md §4 ("The session transport"). :class:`SessionGrid` wraps the
 grid Flower gives the ServerApp and sits under the dispatcher
 (:class:`strategies.core.dispatcher.Dispatcher` only pushes and pulls), so no
 strategy changes:

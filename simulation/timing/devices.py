@@ -5,7 +5,7 @@ per client: its compute speed in FLOP/s, its uplink and downlink rates in
 bits/s and, for the wireless model, its distance to the server in km.
 :class:`~simulation.timing.durations.DeviceTiming` turns work (FLOPs, bits
 sent, bits received) into virtual seconds on that device; the event loop uses
-those seconds to order client replies (docs/design.md §5 and §6).
+those seconds to order client replies (docs/explanation/design.md §5 and §6).
 
 Device models live in a registry, as strategies do: each model is one
 subclass of :class:`DeviceModel` decorated with :func:`register_device_model`,

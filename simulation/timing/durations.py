@@ -36,7 +36,7 @@ class DeviceTiming(Timing):
 
     What FLOPs to charge is the caller's choice (e.g. GAS reference-code
     accounting, ``batch-parallel``, charges one sample per pass: see
-    :class:`fl_app.costs.BlockCosts` and docs/design.md §6).
+    :class:`fl_app.costs.BlockCosts` and docs/explanation/design.md §6).
 
     Args:
         profiles: one profile per client; partition ids must be unique.

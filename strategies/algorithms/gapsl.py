@@ -1,7 +1,7 @@
 """GAPSL: gradient-aligned parallel split learning (leader gradient identification
 and gradient direction alignment).
 
-Source: the GAPSL paper (Sec. III, eqs. 1-8, Algorithms 1-2) and docs/design.md
+Source: the GAPSL paper (Sec. III, eqs. 1-8, Algorithms 1-2) and docs/explanation/design.md
 §7. The functions here are the paper's equations on flattened
 server-side gradients ``g_i`` (one per client of the round):
 

@@ -1,7 +1,7 @@
 """MU-SplitFed: zeroth-order SFL with unbalanced server updates.
 
 Source: the MU-SplitFed paper (Sec. 3, Algorithm 1). Its equations were
-lost in extraction; docs/design.md §7 fixes the standard form used here
+lost in extraction; docs/explanation/design.md §7 fixes the standard form used here
 (SPSA with directions on the unit sphere, :mod:`fl_app.zo`).
 
 One communication round (global iteration) with the cohort:

@@ -1,6 +1,6 @@
 """The parallel split learning (PSL) family: per-client client-side models, one server-side model.
 
-Source: GAPSL (its paper, Section III: "PSL") and docs/design.md
+Source: GAPSL (its paper, Section III: "PSL") and docs/explanation/design.md
 §7. Client-side models are per client and never aggregated
 (:class:`~strategies.core.split.PerClientModels`); each is evaluated as
 ``client_k ∘ server``.

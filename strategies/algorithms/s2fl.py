@@ -3,7 +3,7 @@
 "Have Your Cake and Eat It Too: Toward Efficient and Accurate Split Federated
 Learning": MiniBatch-SFL plus an adaptive cut layer per client (chosen by
 speed) and activation grouping. This follows what GAS's own S²FL baseline
-code does (``baseline/S2FL.py`` in ``eejiarong/GAS``; docs/design.md §7):
+code does (``baseline/S2FL.py`` in ``eejiarong/GAS``; docs/explanation/design.md §7):
 
 * the clients of a round are split into ``s2fl-groups`` groups whose label
   histograms are closest (mean L2 distance) to uniform, by swapping clients

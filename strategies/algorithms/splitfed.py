@@ -1,4 +1,4 @@
-"""Synchronous SFL baselines: SplitFed-V1/V2, MiniBatch-SFL and vanilla SL (docs/design.md §7)."""
+"""Synchronous SFL baselines: SplitFed-V1/V2, MiniBatch-SFL and vanilla SL (docs/explanation/design.md §7)."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ class VanillaSL(SplitFedV2):
       previous client's client-side model; a global iteration is one pass over
       the cohort (``concurrency`` clients, in selection order), so its virtual
       time is the sum of theirs.
-    * ``batch``: the RingSFL authors' baseline (docs/design.md §7): the model
+    * ``batch``: the RingSFL authors' baseline (docs/explanation/design.md §7): the model
       moves to the next client after every batch, round-robin over the cohort
       in partition order, continuing where the previous global iteration
       stopped. A global iteration is E batches in all, the paper's

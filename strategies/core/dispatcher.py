@@ -1,6 +1,6 @@
 """The dispatcher: requests, a FIFO queue per node, due times, tagged replies.
 
-docs/design.md §5. A strategy sends :class:`Request` objects; the
+docs/explanation/design.md §5. A strategy sends :class:`Request` objects; the
 dispatcher gives each one a **due time** when it is sent: the node starts
 it when its previous request is due (requests to one node run one after
 the other, in order) and needs ``duration`` seconds for it. Several

@@ -1,6 +1,6 @@
 """The loop shapes of sflower strategies: synchronous rounds and asynchronous reply handling.
 
-docs/design.md §5. Both run inside :meth:`strategies.core.base.SFLStrategy.start`
+docs/explanation/design.md §5. Both run inside :meth:`strategies.core.base.SFLStrategy.start`
 (the lifecycle, stop rules and hooks are in :mod:`strategies.core.base`):
 
 * :class:`SyncStrategy`: ``run_round(cohort)`` per global iteration, the

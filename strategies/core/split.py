@@ -41,7 +41,7 @@ from strategies.core.requests import optimizer_settings
 from strategies.core.server_step import LossFn, zo_step
 
 
-#: Options of every strategy whose clients can train with zeroth-order updates (MU-SplitFed, docs/design.md §7).
+#: Options of every strategy whose clients can train with zeroth-order updates (MU-SplitFed, docs/explanation/design.md §7).
 ZO_OPTIONS = (
     Option("perturbations", 1, "ZO: P perturbation pairs per client step", at_least=1, source="MU-SplitFed eq. 3"),
     Option("zo-smoothing", 0.001, "ZO: smoothing parameter μ", above=0, source="MU-SplitFed eq. 3"),

@@ -1,6 +1,6 @@
 """GAS: generative activation-aided asynchronous split federated learning.
 
-Source: the GAS paper (Yang & Liu, AAAI 2025); docs/design.md
+Source: the GAS paper (Yang & Liu, AAAI 2025); docs/explanation/design.md
 §7 fixes the choices the paper leaves open.
 
 * ``C = concurrency`` clients train at once, each for ``E`` local

@@ -2,7 +2,7 @@
 
 Source: the RingSFL paper (Shen et al., "RingSFL: An Adaptive Split
 Federated Learning Towards Taming Client Heterogeneity"), Algorithms 1-2 and
-eqs. 4-7, with docs/design.md §7 for what the authors' code does where the
+eqs. 4-7, with docs/explanation/design.md §7 for what the authors' code does where the
 paper is vague.
 
 **The ring.** The live clients, in partition order, form a ring
