@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-BENCHMARKS = ("engine", "throughput", "scale", "generation", "memory", "ring", "summary")
+BENCHMARKS = ("engine", "throughput", "scale", "generation", "memory", "ring", "liveness", "summary")
 #: What ``sflower bench`` runs when no benchmark is named (``summary`` repeats the others' runs).
 DEFAULT_BENCHMARKS = BENCHMARKS[:-1]
 
@@ -54,6 +54,10 @@ def run_benchmarks(names: list[str], quick: bool = False, data_dir: str | None =
                     results[name] = ring.run(tmp, quick, mnist_dir(data_dir))
                 else:
                     results[name] = ring.ring_against(tmp, against, 20 if quick else 60, mnist_dir(data_dir))
+            elif name == "liveness":  # the main job's first output and output gaps (this checkout only)
+                from benchmarks.liveness import bench_liveness
+
+                results[name] = bench_liveness(tmp, quick)
             elif name == "summary":
                 from benchmarks import summary
 

@@ -72,7 +72,7 @@ def deterministic_gpu() -> None:
     workspace its deterministic mode needs (``CUBLAS_WORKSPACE_CONFIG``, set
     only when absent, before the first cuBLAS call). Operations without a
     deterministic GPU kernel (e.g. some scatter/index backward passes) stay
-    as they are: runs then repeat only up to float rounding (README "GPUs").
+    as they are: runs then repeat only up to float rounding (docs: performance, "GPUs").
     """
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.backends.cudnn.deterministic = True

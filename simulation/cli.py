@@ -40,7 +40,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     (written with ``checkpoint-every=N``) with the checkpoint's configuration;
     keys given beside it must equal the checkpoint's, except
     ``checkpoint-every``. Checkpoints and resume need the in-process engine.
+    Unless ``--quiet``, a first line on stdout comes at once (the imports and
+    the planning take seconds) and a second one, the run and its directory,
+    once planned; then the progress bar (stderr).
     """
+    if not args.quiet:
+        print("sflower run: starting (importing torch and flwr, loading the data)...", flush=True)
     from pathlib import Path
 
     from simulation.server_app import plan_run
@@ -75,6 +80,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = plan_run(cfg)
     if resume is not None:
         plan.resume_from = Path(resume) / ckpt.CHECKPOINT_FILE
+    if not args.quiet:
+        c = plan.cfg
+        print(f"sflower run: {c.strategy} on {c.dataset}, {c.num_clients} clients ({c.concurrency} concurrent), "
+              f"{c.global_iterations} global iterations, {engine} engine -> {plan.out_dir}; "
+              f"{'resuming' if resume is not None else 'connecting the clients'}...", flush=True)
     try:
         if engine == "ray":
             summary = run_ray(plan, progress=not args.quiet, **engine_options)

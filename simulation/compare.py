@@ -1,7 +1,7 @@
 """``sflower compare``: sflower's runs beside another code's runs of the same configuration.
 
 Used to check sflower against the authors' code of a paper (the GAS and
-RingSFL side-by-side tables in the README). Both sides are curves of one
+RingSFL side-by-side tables of the results pages). Both sides are curves of one
 metric per global iteration:
 
 * **ours**: run directories (their ``metrics.csv``, columns

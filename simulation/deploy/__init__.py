@@ -1,7 +1,7 @@
 """A scripted loopback deployment: a SuperLink, N SuperNodes with their own data, ``flwr run``.
 
 ``sflower deploy nodes=N [deploy options] [run-config KEY=VALUE ...]`` rehearses
-on one machine what a real deployment does on many (README "Deployment"):
+on one machine what a real deployment does on many (docs: how-to, deployment):
 
 1. each node's training data is written to ``RUN_DIR/data/partition-K``
    (:func:`fl_app.task.write_partition_dirs`, the ``sflower partition`` code);
@@ -31,7 +31,7 @@ Deploy options (not run-config keys): ``nodes``, ``intruders``, ``tls``,
 ``kill-after``, ``restart-after``; see :data:`DEPLOY_DEFAULTS`.
 
 ``fast=true`` applies the latency settings measured in
-``sflower deploy-bench`` (README "Deployment", "Exchange latency"): SuperExec
+``sflower deploy bench`` (docs: deployment; performance, "Exchange latency"): SuperExec
 task polling every 20 ms (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, a Flower
 setting) and the SuperNode's idle sleep cut from Flower's hard-coded 3 s to
 20 ms (a patch applied by

@@ -21,7 +21,7 @@ One communication round (global iteration) with the cohort:
   learning rate ``η_g = server-lr``: ``w ← w + η_g·(avg_k w_k − w)`` (eq. 7;
   the average weighted by ``aggregation``). ``η_g = 1`` is the plain average.
   Corollary 4.4 ties ``η_g`` to ``τ``, but its formula was lost in extraction:
-  the README's Table 1 tries ``η_g ∈ {1, τ}``.
+  the MU-SplitFed results page's Table 1 tries ``η_g ∈ {1, τ}``.
 
 At ``τ = 1`` and ``η_g = 1`` this is ZO-SplitFed, the paper's balanced
 baseline (Appendix A.2: τ = 1 "represents the balanced update scenario …

@@ -57,6 +57,7 @@ subclasses Flower's ``Strategy``); :meth:`SFLStrategy.start` is Flower's
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -70,7 +71,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from fl_app import protocol as P
-from fl_app.config import DEFAULTS, Option, RunConfig
+from fl_app.config import RunConfig, defaults
+from fl_app.options import Option
+from fl_app.plugins import options_of
 from fl_app.costs import BlockCosts
 from fl_app.device import resolve_device, to_device
 from fl_app.models import BlockModel
@@ -158,11 +161,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
     @classmethod
     def all_options(cls) -> list[Option]:
         """The strategy's own run-config options and those of its base classes, base first."""
-        seen: dict[str, Option] = {}
-        for klass in reversed(cls.__mro__):
-            for opt in vars(klass).get("options", ()):
-                seen[opt.key] = opt
-        return list(seen.values())
+        return options_of(cls)
 
     def summary(self) -> None:
         """Log the strategy and its main settings."""
@@ -195,7 +194,9 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
                 self.connect(grid, timeout if timeout is not None else self.cfg.node_timeout,
                              meanwhile=lambda: self.prepare(initial_arrays))
             self._bar = progress_bar.open_bar(self.progress, self.cfg.global_iterations, self.global_iteration,
-                                              self.name)
+                                              self.name, self.dispatcher.exchanges if self.dispatcher else 0)
+            if self._bar is not None:  # the bar moves with each reply, within a global iteration too
+                self.exchange.on_reply = functools.partial(progress_bar.advance, self._bar)
             if not self.checkpoints.resumed:
                 self.evaluate_and_record()
             if not self.should_stop():
@@ -212,7 +213,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
             raise
         finally:
             progress_bar.close_bar(self._bar)
-            self._bar = None
+            self._bar = self.exchange.on_reply = None
             if self.recorder is not None:
                 self.recorder.finish(self.summary_dict())
         return self.metric_log.result(P.state_record(self.global_model().state_dict()))
@@ -384,7 +385,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
     def end_global_iteration(self) -> None:
         """Count a global iteration; evaluate when due."""
         self.global_iteration += 1
-        progress_bar.tick(self._bar)
+        progress_bar.tick(self._bar, self.global_iteration, self.dispatcher.exchanges if self.dispatcher else 0)
         every = self.cfg.eval_every
         last = self.global_iteration >= self.cfg.global_iterations
         if (every and self.global_iteration % every == 0) or last:
@@ -457,7 +458,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         (:meth:`Checkpointer.restore <strategies.core.checkpoint.Checkpointer.restore>`; raises its
         ``CheckpointError``), and truncate the recorder's metrics.csv to the rows written by then."""
         self.dispatcher, wall_s, self.run_seconds = self.checkpoints.restore(grid, path, self.cfg.as_dict(),
-                                                                             DEFAULTS, self.clock)
+                                                                             defaults(), self.clock)
         self.checkpoints.last = self.global_iteration
         self._wall0 = time.monotonic() - wall_s
         if self.recorder is not None and hasattr(self.recorder, "resume"):

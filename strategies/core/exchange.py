@@ -62,14 +62,17 @@ class Exchange:
         self.draws: dict[int, int] = defaultdict(int)
         #: replies to earlier requests that a later gather received (see :meth:`gather_replies`)
         self.stray_replies: list[Reply] = []
+        #: told the dispatcher's ``exchanges`` after each reply received, failed ones too (the progress bar)
+        self.on_reply: Callable[[int], None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        """A checkpoint saves the dispatcher by its own ``state_dict``; the resumed run makes a new one."""
-        return {k: v for k, v in vars(self).items() if k != "dispatcher"}
+        """A checkpoint saves the dispatcher by its own ``state_dict``; the resumed run makes a new one (and
+        sets its own :attr:`on_reply`)."""
+        return {k: v for k, v in vars(self).items() if k not in ("dispatcher", "on_reply")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.dispatcher = None
+        self.dispatcher, self.on_reply = None, None
 
     def send(self, pid: int, request: Request) -> Pending:
         """Send work to a client; it is due after its device's compute + transfer time.
@@ -135,6 +138,8 @@ class Exchange:
         got = self.dispatcher.next_reply(until)
         if got is None:
             return None
+        if self.on_reply is not None:
+            self.on_reply(self.dispatcher.exchanges)
         pending, reply = got
         pid = pending.partition_id
         if reply is None or reply.has_error():
