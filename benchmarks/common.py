@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 #: The root of this checkout (the tree the benchmarks call "new").
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 #: Fashion-MNIST's IDX files beside the repository.
 FMNIST_DIR = REPO_ROOT.parent / "shared" / "data" / "fashion-mnist"
 #: MNIST IDX files beside the repository.
