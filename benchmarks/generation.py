@@ -41,7 +41,7 @@ import time
 import torch
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import REPO_ROOT  # noqa: E402
 from strategies.algorithms.gas.generation import LabelGaussians, log_progress_weight  # noqa: E402
@@ -378,15 +378,19 @@ def _memory_child(src: str, labels: int, dim: int, per_label: int, flush: int) -
 
 
 def _old_source(rev: str | None, dest_dir: str) -> str | None:
-    """``strategies/algorithms/gas/generation.py`` of git revision ``rev``, written under ``dest_dir`` (None if unavailable)."""
+    """GAS's ``generation.py`` of git revision ``rev`` (``strategies/algorithms/gas/`` now,
+    ``strategies/`` before the layout of issue 34), written under ``dest_dir`` (None if unavailable)."""
     import subprocess
 
     if not rev:
         return None
     root = str(REPO_ROOT)
-    proc = subprocess.run(["git", "-C", root, "show", f"{rev}:strategies/algorithms/gas/generation.py"],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
+    for where in ("strategies/algorithms/gas/generation.py", "strategies/generation.py"):  # now, before the layout
+        proc = subprocess.run(["git", "-C", root, "show", f"{rev}:{where}"], capture_output=True, text=True,
+                              check=False)
+        if proc.returncode == 0:
+            break
+    else:
         return None
     path = os.path.join(dest_dir, "generation_old.py")
     with open(path, "w") as fh:

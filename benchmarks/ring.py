@@ -260,12 +260,14 @@ def same_weights(strategy: Any, blended: Sequence[dict[str, torch.Tensor]], aver
     return all(torch.allclose(a, b, atol=ATOL, rtol=RTOL) for a, b in pairs)
 
 
-#: Child-script code timing one ring round (:func:`time_engine`) in the tree it runs in (``bench/ring.py``
-#: since issue 22, ``bench_ring.py`` before); the configuration is argv[1] as JSON.
+#: Child-script code timing one ring round (:func:`time_engine`) in the tree it runs in (``benchmarks/ring.py``;
+#: ``simulation/bench/ring.py`` or ``bench_ring.py`` in older revisions); the configuration is argv[1] as JSON.
 _RING_CHILD = r"""
 import json, pathlib, sys, simulation
-if (pathlib.Path(simulation.__file__).parent / "bench" / "ring.py").exists():
+if (pathlib.Path(simulation.__file__).parent.parent / "benchmarks" / "ring.py").exists():
     from benchmarks import ring
+elif (pathlib.Path(simulation.__file__).parent / "bench" / "ring.py").exists():  # before benchmarks/ left the package
+    from simulation.bench import ring
 else:  # a revision before issue 22
     from simulation import bench_ring as ring
 seconds, strategy = ring.time_engine("inprocess", json.loads(sys.argv[1]))

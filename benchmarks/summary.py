@@ -55,8 +55,10 @@ print(json.dumps({"wall_s_total": time.perf_counter() - t0, "wall_s_run": summar
 _GENERATION_CHILD = r"""
 import json, pathlib
 import simulation
-if (pathlib.Path(simulation.__file__).parent / "bench" / "generation.py").exists():
+if (pathlib.Path(simulation.__file__).parent.parent / "benchmarks" / "generation.py").exists():
     from benchmarks import generation as bench_generation
+elif (pathlib.Path(simulation.__file__).parent / "bench" / "generation.py").exists():  # before benchmarks/ moved
+    from simulation.bench import generation as bench_generation
 else:  # a revision before issue 22
     from simulation import bench_generation
 r = bench_generation.run(updates=6, warmup=20, baseline_updates=1)
