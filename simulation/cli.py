@@ -1,7 +1,7 @@
 """The ``sflower`` command line.
 
 ``sflower run KEY=VALUE ...`` takes the run-config keys of
-``pyproject.toml`` (see :data:`fl_app.config.DEFAULTS`) plus
+``pyproject.toml`` (see :mod:`fl_app.options`), an installed plugin's keys, plus
 ``engine=inprocess|ray``; ``sflower run resume=RUN_DIR`` continues a killed
 run from its last checkpoint (``checkpoint-every=N``). ``sflower partition ... out=DIR`` writes each
 partition's training files to its own directory (device-local data for a

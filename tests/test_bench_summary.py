@@ -50,7 +50,7 @@ def test_side_by_side_alternates_old_and_new_in_their_own_trees(tmp_path):
     old_src = tmp_path / "src-old"
     assert calls == [(old_src, "old-0"), (REPO_ROOT, "new-0"), (REPO_ROOT, "new-1"), (old_src, "old-1")]
     assert runs == {"old": [{"n": 1}, {"n": 4}], "new": [{"n": 2}, {"n": 3}]}
-    assert (old_src / "strategies" / "base.py").is_file()  # HEAD's tree, extracted
+    assert (old_src / "strategies" / "core" / "base.py").is_file()  # HEAD's tree, extracted
 
 
 def test_ring_against_head_gives_the_same_round(shared_data, tmp_path):

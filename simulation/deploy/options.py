@@ -2,7 +2,7 @@
 
 ``sflower deploy nodes=N [deploy options] [run-config KEY=VALUE ...]``: the
 deploy options are the keys of :data:`DEPLOY_DEFAULTS`; every other key is a
-run-config key (:data:`fl_app.config.DEFAULTS`).
+run-config key (:func:`fl_app.config.installed_declarations`, a plugin's included).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import RunConfig
+from fl_app.config import RunConfig, installed_declarations
 from fl_app.options import core_option
 from fl_app.errors import ConfigError
 
@@ -62,7 +62,7 @@ def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
         key = raw.replace("_", "-")
         if key in DEPLOY_DEFAULTS:
             opts[key] = coerce_opt(key, value)
-        elif key in DEFAULTS:
+        elif key in installed_declarations():
             run_pairs[key] = value
         else:
             raise ConfigError(f"unknown key '{raw}': deploy takes {', '.join(DEPLOY_DEFAULTS)} and run-config keys")
