@@ -124,6 +124,14 @@ def _check_numerics(value: str) -> None:
     check_mode(value)
 
 
+def _seed_or_seed(key: str) -> Callable[[int], None]:
+    """The check of a seed that -1 lets follow ``seed``: ``init-seed``, ``partition-seed``."""
+    def check(value: int) -> None:
+        if value < -1:
+            raise ConfigError(f"{key} must be >= 0, or -1 for seed; got {value}")
+    return check
+
+
 def _check_device(value: str) -> None:
     from fl_app.device import check_device_name
 
@@ -210,10 +218,10 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("seed", 0, "seeds data partition, device profiles, selection, sampling, init", at_least=0),
     Option("init-seed", -1, "seeds the initial weights alone (`-1`: `seed`). The GAS authors' code fixes its seed (2023) and "
            "varies only the data order between runs; `init-seed=2023 init=torch-default model=alexnet-gas` "
-           "gives their initial weights exactly, and `seed` still varies the rest", at_least=-1),
+           "gives their initial weights exactly, and `seed` still varies the rest", check=_seed_or_seed("init-seed")),
     Option("partition-seed", -1, "seeds the partition alone (`-1`: `seed`): with it fixed, `seed` varies the devices, the client "
            "draws, the data order and the rest over one assignment of the data to clients (the GAS results page, \"Where "
-           "the two misses come from\")", at_least=-1),
+           "the two misses come from\")", check=_seed_or_seed("partition-seed")),
     Option("eval-every", 1, "evaluate every N global iterations (and at the end)", at_least=0),
     Option("eval-samples", 0, "test examples of each intermediate evaluation (0 = the whole test set)", at_least=0),
     Option("target-accuracy", 0.0, "stop once the test accuracy reaches this (0 = off)", at_least=0),

@@ -68,7 +68,7 @@ def test_every_declaration_is_complete_and_valid_at_its_default():
     ({"epsl-phi": 1.5}, "epsl-phi must be <= 1, got 1.5"),
     ({"gapsl-k-min": 0.0}, "gapsl-k-min must be > 0, got 0.0"),
     ({"perturbations": 0}, "perturbations must be >= 1, got 0"),
-    ({"init-seed": -2}, "init-seed must be >= -1, got -2"),
+    ({"init-seed": -2}, "init-seed must be >= 0, or -1 for seed; got -2"),
     ({"transport": "carrier-pigeon"}, "transport must be one of auto, flower, session"),
     ({"progress": "weeks"}, "progress must be one of flushes, iterations, uploads"),
 ])
