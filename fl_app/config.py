@@ -131,8 +131,8 @@ class RunConfig:
         declared = {opt.key: opt for opt in CORE_OPTIONS}
         declared["strategy"].validate(declared["strategy"].coerce(keyed.get("strategy", "gas")))
         chosen = strategy_class(str(keyed.get("strategy", declared["strategy"].default)))
-        declared.update(installed_declarations())
-        for opt in options_of(chosen):  # a plugin's own keys (built-in ones are installed already)
+        declared.update(installed_declarations(builtin_only=True))  # pyproject.toml's keys
+        for opt in options_of(chosen):  # a plugin's own keys (built-in ones are declared already)
             if opt.key in declared and declared[opt.key] is not opt and opt.key in CORE_KEYS:
                 raise ConfigError(f"strategy {chosen.name} redeclares the core key {opt.key}")
             declared.setdefault(opt.key, opt)
@@ -142,6 +142,8 @@ class RunConfig:
             if opt is None:
                 close = [k for k in declared if k.split("-")[0] == key.split("-")[0]]
                 hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                if key in installed_declarations():
+                    hint = f" of strategy {chosen.name}: it belongs to another installed strategy"
                 raise ConfigError(f"unknown run-config key '{key}'{hint}")
             values[key] = opt.coerce(raw)
             opt.validate(values[key])
