@@ -1,0 +1,117 @@
+"""Codecs for what crosses the cut (issue 36): fl_app/compression.py and the seam that applies them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fl_app.compression import CODECS, decode_arrays, make_codec
+from fl_app.errors import ConfigError
+
+
+def _x(shape=(8, 6, 5, 5), seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_fp16_round_trip_within_half_precision():
+    x = _x()
+    y = decode_arrays(make_codec("fp16").encode("x", x))["x"]
+    assert y.dtype == np.float32 and y.shape == x.shape
+    # fp16 keeps 11 significant bits: relative error <= 2^-11 for normal values
+    assert np.all(np.abs(y - x) <= 2.0**-11 * np.abs(x) + 1e-7)
+
+
+def test_bf16_round_trip_within_bfloat16_precision():
+    x = _x()
+    enc = make_codec("bf16").encode("x", x)
+    assert enc["x"].dtype == np.uint16
+    y = decode_arrays(enc)["x"]
+    # bf16 keeps 8 significant bits: relative error <= 2^-8 (round to nearest)
+    assert np.all(np.abs(y - x) <= 2.0**-8 * np.abs(x))
+
+
+def test_int8_hand_computed_example():
+    # range [-0.51, 1.02]: scale = 1.53 / 255 = 0.006, zero = -128 - round(-0.51 / 0.006) = -128 + 85 = -43
+    x = np.array([-0.51, 0.0, 0.25, 1.02], np.float32)
+    enc = make_codec("int8").encode("x", x)
+    assert float(enc["x::scale"]) == pytest.approx(0.006)
+    assert int(enc["x::zero"]) == -43
+    # codes: round(x / 0.006) - 43 = -85 - 43, 0 - 43, round(41.67) - 43, 170 - 43
+    assert enc["x"].tolist() == [-128, -43, -1, 127]
+    # decoded (q + 43) * 0.006: -0.51, 0, 42 * 0.006 = 0.252, 1.02
+    np.testing.assert_allclose(decode_arrays(enc)["x"], [-0.51, 0.0, 0.252, 1.02], rtol=0, atol=1e-6)
+
+
+def test_int8_error_at_most_half_a_step_and_per_channel_scales():
+    x = _x()
+    x[:, 2] *= 100  # one loud channel: per-tensor steps are coarse everywhere, per-channel ones only there
+    for name in ("int8", "int8-channel"):
+        enc = make_codec(name).encode("x", x, axis=1)
+        y = decode_arrays(enc)["x"]
+        scale = enc["x::scale"]
+        assert np.all(np.abs(y - x) <= scale / 2 + 1e-5 * np.abs(x).max())
+    per_channel = make_codec("int8-channel").encode("x", x, axis=1)
+    assert per_channel["x::scale"].shape == (1, 6, 1, 1)
+    quiet = np.delete(np.arange(6), 2)
+    err_t = np.abs(decode_arrays(make_codec("int8").encode("x", x))["x"] - x)[:, quiet].max()
+    err_c = np.abs(decode_arrays(per_channel)["x"] - x)[:, quiet].max()
+    assert err_c < err_t / 10
+
+
+def test_int8_codes_match_torch_quantize_per_tensor():
+    torch = pytest.importorskip("torch")
+    x = _x((64,), seed=3)
+    enc = make_codec("int8").encode("x", x)
+    ref = torch.quantize_per_tensor(torch.from_numpy(x), float(enc["x::scale"]), int(enc["x::zero"]), torch.qint8)
+    assert np.abs(ref.int_repr().numpy().astype(int) - enc["x"].astype(int)).max() <= 1  # ties may round apart
+
+
+def test_topk_error_feedback_keeps_what_it_drops():
+    codec = make_codec("topk", 0.25)
+    a, b = _x((4, 8), seed=1), _x((4, 8), seed=2)
+    ea = codec.encode("g", a, stream="s")
+    assert ea["g"].size == math.ceil(0.25 * a.size) == 8
+    da = decode_arrays(ea)["g"]
+    np.testing.assert_array_equal(codec.residuals["s"].reshape(a.shape), a - da)  # the residual is what was dropped
+    assert np.count_nonzero(da) == 8 and np.all(np.abs(da[da != 0]).min() >= np.abs(a[da == 0]).max())
+    db = decode_arrays(codec.encode("g", b, stream="s"))["g"]
+    np.testing.assert_allclose(da + db + codec.residuals["s"].reshape(b.shape), a + b, rtol=0, atol=1e-6)
+
+
+def test_topk_new_shape_starts_a_fresh_residual():
+    codec = make_codec("topk", 0.5)
+    codec.encode("g", _x((4, 8)), stream="s")
+    small = _x((2, 8), seed=5)
+    d = decode_arrays(codec.encode("g", small, stream="s"))["g"]
+    np.testing.assert_array_equal(d + codec.residuals["s"].reshape(small.shape), small)
+
+
+@pytest.mark.parametrize("name", CODECS)
+@pytest.mark.parametrize("shape,axis", [((32, 64, 7, 7), 1), ((64, 32, 5, 5), 0), ((10,), 0), ((7, 3), 1)])
+def test_encoded_bytes_equal_charged_bytes(name, shape, axis):
+    codec = make_codec(name, 0.1)
+    enc = codec.encode("x", _x(shape), axis=axis, stream="s")
+    assert sum(a.nbytes for a in enc.values()) == codec.nbytes(shape, axis)
+    assert decode_arrays(enc)["x"].shape == shape
+
+
+def test_charged_bytes_by_hand():
+    shape = (32, 64, 7, 7)  # 100,352 values
+    n = 100_352
+    assert make_codec("fp16").nbytes(shape) == 2 * n
+    assert make_codec("int8").nbytes(shape) == n + 5  # codes + float32 scale + int8 zero-point
+    assert make_codec("int8-channel").nbytes(shape, 1) == n + 5 * 64
+    assert make_codec("topk", 0.1).nbytes(shape) == 10_036 * 8 + 4 * 4  # k = ceil(10,035.2)
+
+
+@pytest.mark.parametrize("name,ratio,message", [
+    ("gzip", 0.1, "unknown codec 'gzip'"),
+    ("topk", 0.0, "topk-ratio must be in (0, 1]"),
+    ("topk", 1.5, "topk-ratio must be in (0, 1]"),
+])
+def test_bad_codec_input_is_one_line(name, ratio, message):
+    with pytest.raises(ConfigError) as err:
+        make_codec(name, ratio)
+    assert message in str(err.value) and "\n" not in str(err.value)
