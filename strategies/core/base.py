@@ -70,7 +70,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from fl_app import protocol as P
-from fl_app.config import DEFAULTS, Option, RunConfig
+from fl_app.config import RunConfig, defaults
+from fl_app.options import Option
 from fl_app.costs import BlockCosts
 from fl_app.device import resolve_device, to_device
 from fl_app.models import BlockModel
@@ -457,7 +458,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         (:meth:`Checkpointer.restore <strategies.core.checkpoint.Checkpointer.restore>`; raises its
         ``CheckpointError``), and truncate the recorder's metrics.csv to the rows written by then."""
         self.dispatcher, wall_s, self.run_seconds = self.checkpoints.restore(grid, path, self.cfg.as_dict(),
-                                                                             DEFAULTS, self.clock)
+                                                                             defaults(), self.clock)
         self.checkpoints.last = self.global_iteration
         self._wall0 = time.monotonic() - wall_s
         if self.recorder is not None and hasattr(self.recorder, "resume"):
