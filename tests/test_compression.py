@@ -115,3 +115,88 @@ def test_bad_codec_input_is_one_line(name, ratio, message):
     with pytest.raises(ConfigError) as err:
         make_codec(name, ratio)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+# --- the seam (fl_app/link.py) and the charged bytes ------------------------------------------------
+def test_link_encodes_float_records_only_and_decodes_back():
+    import torch
+
+    from fl_app import protocol as P
+    from fl_app.link import LinkCodecs, decode
+
+    links = LinkCodecs(make_codec("int8"), make_codec("none"))
+    x, y = torch.from_numpy(_x((4, 3, 2, 2))), torch.arange(4)
+    content = P.record_dict({P.ACTIVATIONS: P.tensor_record("x", x), P.LABELS: P.tensor_record("y", y)})
+    wire = links.encode(content, up=True)
+    assert sorted(P.array_of(wire, P.ACTIVATIONS).keys()) == ["x", "x::scale", "x::zero"]
+    assert P.array_of(wire, P.LABELS) is P.array_of(content, P.LABELS)  # int64 labels pass as they are
+    assert P.record_bytes(P.array_of(wire, P.ACTIVATIONS)) == 48 + 5
+    back = decode(wire)
+    assert torch.allclose(P.record_tensor(P.array_of(back, P.ACTIVATIONS), "x"), x,
+                          atol=float(P.array_of(wire, P.ACTIVATIONS)["x::scale"].numpy().reshape(-1)[0]) / 2 + 1e-6)
+    assert links.encode(content, up=False) is content and decode(content) is content
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("compress_up", "gzip", "compress-up must be one of none, fp16, bf16, int8, int8-channel, topk; got 'gzip'"),
+    ("topk_ratio", 0, "topk-ratio must be > 0, got 0.0"),
+    ("topk_ratio", 1.5, "topk-ratio must be <= 1, got 1.5"),
+])
+def test_bad_run_config_is_one_line(key, value, message):
+    from tests.conftest import make_cfg
+
+    with pytest.raises(ConfigError) as err:
+        make_cfg(**{key: value})
+    assert str(err.value) == message
+
+
+def _tiny_run(tmp_path, monkeypatch, **keys):
+    """A LeNet-5 SplitFed-V1 run (3 clients, 1 global iteration of 2 steps, batch 8); every metered reply's
+    encoded bytes are checked against the bits its request charged the virtual clock."""
+    from simulation.engine import run_inprocess
+    from simulation.server_app import plan_run
+    from strategies.core.exchange import Exchange
+    from tests.conftest import make_cfg
+
+    receive, charged = Exchange.receive, []
+
+    def checked(self, until=None):
+        before = self.bytes_up
+        reply = receive(self, until)
+        if reply is not None and reply.content is not None and reply.request.metered:
+            charged.append((8 * (self.bytes_up - before), reply.request.bits_up))
+        return reply
+
+    monkeypatch.setattr(Exchange, "receive", checked)
+    cfg = make_cfg(model="lenet5", num_clients=3, concurrency=3, local_iterations=2, eval_samples=100,
+                   output_dir=str(tmp_path / "_".join(f"{v}" for v in keys.values()) or "f32"), **keys)
+    summary = run_inprocess(plan_run(cfg), progress=False)
+    assert summary["status"] == "completed"
+    assert charged and all(sent == pytest.approx(bits, abs=1e-9) for sent, bits in charged)
+    return summary
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_tiny_run_with_int8_uplink_sends_a_quarter_plus_overhead(tmp_path, monkeypatch):
+    from fl_app.task import load_task
+    from tests.conftest import make_cfg
+
+    f32 = _tiny_run(tmp_path, monkeypatch)
+    int8 = _tiny_run(tmp_path, monkeypatch, compress_up="int8")
+    # up: 6 activation messages (3 clients x 2 steps) of 8x6x12x12 float32 with 8 int64 labels each,
+    # then each client's blocks [0, 2) (conv weight and bias). int8: a quarter of every float32 byte,
+    # plus a 4-byte scale and a 1-byte zero-point per float tensor; labels unchanged.
+    labels = 6 * 8 * 8
+    task = load_task(make_cfg(model="lenet5", num_clients=3))
+    tensors = 6 + 3 * sum(t.is_floating_point() for t in task.build_segment(0, 2).state_dict().values())
+    floats = f32["bytes_up"] - labels
+    assert int8["bytes_up"] == floats // 4 + 5 * tensors + labels
+    assert 0.25 < int8["bytes_up"] / f32["bytes_up"] < 0.2505  # 226,704 / 905,424 = 0.25038
+    assert int8["bytes_down"] == f32["bytes_down"]  # compress-down stays none
+    assert int8["virtual_time_s"] < f32["virtual_time_s"]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("up,down", [("topk", "int8-channel"), ("bf16", "fp16")])
+def test_tiny_run_charges_what_it_sends(tmp_path, monkeypatch, up, down):
+    _tiny_run(tmp_path, monkeypatch, compress_up=up, compress_down=down)
