@@ -17,7 +17,8 @@ codec           arrays (for ``n`` values of shape ``S``)      encoded bytes
 ``int8-channel`` as ``int8``, one scale and zero-point per    ``n + 5·C`` (C = ``S[axis]``; a 0-/1-D
                 channel, shaped to broadcast against ``S``    tensor is quantised per tensor: ``n + 5``)
 ``topk``        ``name`` float32 ``[k]``, ``::idx`` int32     ``8k + 4·ndim`` (int64 indices, ``12k + 4·ndim``,
-                ``[k]`` (flat, ascending), ``::shape`` int32  when ``n ≥ 2³¹``); ``k = ceil(ratio·n)``
+                ``[k]`` (flat, ascending), ``::shape`` int32  when ``n ≥ 2³¹``); ``k = ceil(ratio·n)``;
+                ``[ndim]``; model weights stay float32       model weights: ``4n``
 ==============  ===========================================  ==================================================
 
 The encoded form is self-describing: :func:`decode_arrays` needs no codec
@@ -85,9 +86,11 @@ class Codec:
 
     Attributes:
         name: the codec's key value (:data:`CODECS`).
+        models: whether model weights are encoded too (top-k: no, see :class:`TopK`).
     """
 
     name = "none"
+    models = True
 
     def encode(self, name: str, x: np.ndarray, *, axis: int = 1, stream: object = None) -> dict[str, np.ndarray]:
         """``{name: ..., name::part: ...}``: the encoded form of float32 ``x`` (any shape).
@@ -158,6 +161,10 @@ class Int8(Codec):
 class TopK(Codec):
     """Top-k by magnitude with error feedback; ``k = ceil(ratio·n)`` (at least 1).
 
+    Batched tensors only (activations, gradients, ZO stacks): a link whose
+    codec is top-k sends model weights as float32, since the top-k of a model
+    (not of an update) would zero most of it (``models`` False).
+
     Args:
         ratio: the kept fraction, in (0, 1].
 
@@ -166,6 +173,7 @@ class TopK(Codec):
     """
 
     name = "topk"
+    models = False
 
     def __init__(self, ratio: float) -> None:  # noqa: D107
         check_ratio(ratio)

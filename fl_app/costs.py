@@ -94,9 +94,9 @@ class BlockCosts:
 
     def param_bits(self, start: int, end: int, *, encoded: bool = True) -> float:
         """Bits of the parameters (and buffers) of blocks ``[start, end)``, as the uplink codec encodes
-        each float32 tensor (``encoded=False`` or no codec: as they are)."""
+        each float32 tensor (``encoded=False``, no codec or one that leaves models alone: as they are)."""
         self._check(start, end)
-        if self.up is None or not encoded:
+        if self.up is None or not encoded or not self.up.models:
             return 8.0 * sum(b.param_bytes for b in self.profiles[start:end])
         return 8.0 * sum(self.up.nbytes(shape, 0) if is_float else math.prod(shape) * itemsize
                          for block in self.param_shapes[start:end] for shape, itemsize, is_float in block)

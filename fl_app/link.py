@@ -24,7 +24,7 @@ Where it happens, and nowhere else:
   a reply's encoded bytes and then decodes it, before validation.
 
 Records encoded: :data:`ENCODED` (their float32 arrays; labels, counts and
-other dtypes pass as they are). The optimizer state that GAS's shared
+other dtypes pass as they are; top-k leaves model weights float32). The optimizer state that GAS's shared
 momentum carries is not encoded. Top-k's error feedback keeps one residual
 per stream: on a client per (record, tensor name), on the server per
 (client, record, tensor name); residuals live in memory and are not
@@ -83,7 +83,10 @@ class LinkCodecs:
         out = {}
         for key, record in content.items():
             axis = ENCODED.get(key) if isinstance(record, ArrayRecord) else None
-            out[key] = record if axis is None else _encode_record(codec, key, record, axis, owner)
+            if axis is None or (key == P.WEIGHTS and not codec.models):
+                out[key] = record
+            else:
+                out[key] = _encode_record(codec, key, record, axis, owner)
         return P.record_dict(out)
 
 

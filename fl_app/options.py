@@ -209,7 +209,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("compress-up", "none", "codec of what clients send up: activations, input gradients, ZO perturbations, model "
            "uploads. `none` (float32), `fp16`, `bf16`, `int8` (affine, per tensor, with a zero-point), `int8-channel` "
            "(per channel: dim 1 of batched tensors, dim 0 of weights), `topk` (the `topk-ratio` largest magnitudes, "
-           "with error feedback); `bytes_up` and the virtual clock count the encoded bytes, scales and indices "
+           "with error feedback; model weights stay float32); `bytes_up` and the virtual clock count the encoded bytes, scales and indices "
            "included (see fl_app/compression.py)", choices=_CODECS,
            source="top-k with error feedback: Stich et al., NeurIPS 2018; int8: PyTorch's affine quantisation"),
     Option("compress-down", "none", "codec of what the server sends down: gradients, relayed activations, model "

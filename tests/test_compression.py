@@ -137,6 +137,20 @@ def test_link_encodes_float_records_only_and_decodes_back():
     assert links.encode(content, up=False) is content and decode(content) is content
 
 
+def test_topk_link_leaves_model_weights_float32():
+    import torch
+
+    from fl_app import protocol as P
+    from fl_app.link import LinkCodecs
+
+    links = LinkCodecs(make_codec("topk", 0.1), make_codec("none"))
+    content = P.record_dict({P.WEIGHTS: P.state_record({"w": torch.ones(3, 2)}),
+                             P.GRADIENT: P.tensor_record("g", torch.ones(4, 5))})
+    wire = links.encode(content, up=True)
+    assert P.array_of(wire, P.WEIGHTS) is P.array_of(content, P.WEIGHTS)
+    assert sorted(P.array_of(wire, P.GRADIENT).keys()) == ["g", "g::idx", "g::shape"]
+
+
 @pytest.mark.parametrize("key,value,message", [
     ("compress_up", "gzip", "compress-up must be one of none, fp16, bf16, int8, int8-channel, topk; got 'gzip'"),
     ("topk_ratio", 0, "topk-ratio must be > 0, got 0.0"),
