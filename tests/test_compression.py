@@ -183,7 +183,7 @@ def _tiny_run(tmp_path, monkeypatch, **keys):
 
     monkeypatch.setattr(Exchange, "receive", checked)
     cfg = make_cfg(model="lenet5", num_clients=3, concurrency=3, local_iterations=2, eval_samples=100,
-                   output_dir=str(tmp_path / "_".join(f"{v}" for v in keys.values()) or "f32"), **keys)
+                   output_dir=str(tmp_path / ("_".join(f"{v}" for v in keys.values()) or "f32")), **keys)
     summary = run_inprocess(plan_run(cfg), progress=False)
     assert summary["status"] == "completed"
     assert charged and all(sent == pytest.approx(bits, abs=1e-9) for sent, bits in charged)
