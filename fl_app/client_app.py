@@ -27,6 +27,7 @@ from fl_app.client.fl_handlers import evaluate, train_fit
 from fl_app.client.node import query_info
 from fl_app.client.split_handlers import train_backward, train_forward, train_step
 from fl_app.client.zo_handlers import train_zo_forward, train_zo_update
+from fl_app.link import client_mod
 from fl_app.session.client import serve_session
 
 
@@ -46,7 +47,7 @@ def one_torch_thread(msg: Message, context: Context, call_next) -> Message:
         torch.set_num_threads(old)
 
 
-app = ClientApp(mods=[one_torch_thread])
+app = ClientApp(mods=[one_torch_thread, client_mod])  # client_mod: the cut's codecs (fl_app.link)
 app.query("info")(query_info)
 app.train("forward")(train_forward)
 app.train("backward")(train_backward)

@@ -138,6 +138,8 @@ def _check_device(value: str) -> None:
     check_device_name(value)
 
 
+_CODECS = ("none", "fp16", "bf16", "int8", "int8-channel", "topk")  # fl_app.compression.CODECS (stdlib only here)
+
 #: The keys every strategy reads, in the order of ``pyproject.toml`` and the key reference.
 CORE_OPTIONS: tuple[Option, ...] = (
     Option("strategy", "gas", "the algorithm: a registered name (`sflower strategies`) or a plugin class `package.module:Class`"),
@@ -212,6 +214,15 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("momentum", 0.9, "SGD momentum, both sides", at_least=0),
     Option("weight-decay", 0.0005, "weight decay, both sides", at_least=0),
     Option("clip-norm", 10.0, "clip the norm of every first-order step (0 = off)", at_least=0),
+    Option("compress-up", "none", "codec of what clients send up: activations, input gradients, ZO perturbations, model "
+           "uploads. `none` (float32), `fp16`, `bf16`, `int8` (affine, per tensor, with a zero-point), `int8-channel` "
+           "(per channel: dim 1 of batched tensors, dim 0 of weights), `topk` (the `topk-ratio` largest magnitudes, "
+           "with error feedback; model weights stay float32); `bytes_up` and the virtual clock count the encoded bytes, scales and indices "
+           "included (see fl_app/compression.py)", choices=_CODECS,
+           source="top-k with error feedback: Stich et al., NeurIPS 2018; int8: PyTorch's affine quantisation"),
+    Option("compress-down", "none", "codec of what the server sends down: gradients, relayed activations, model "
+           "downloads; the values of `compress-up`", choices=_CODECS),
+    Option("topk-ratio", 0.1, "`topk`: the fraction of each tensor's entries sent, k = ceil(ratio·n)", above=0, at_most=1),
     Option("preset", "", "a preset: `presets/NAME.toml` (or a path to a TOML file of run-config keys) applied "
            "before your keys; every key you give wins over the preset's, at any value. `sflower presets` "
            "lists them"),

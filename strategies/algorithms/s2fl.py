@@ -149,7 +149,7 @@ class S2FL(MiniBatchSFL):
         flops = self.costs.flops(0, cut, batch, forward=True, backward=True)
         return self.expected_duration(pid, Request(
             P.TRAIN_BACKWARD, RecordDict(), flops, self.costs.activation_bits(cut, batch),
-            bits_down=self.costs.activation_bits(cut, batch, labels=False)))
+            bits_down=self.costs.activation_bits(cut, batch, labels=False, down=True)))
 
     def begin_round(self, cohort: list[int]) -> None:
         """Group the cohort by label mix; pick each client's charged cut."""

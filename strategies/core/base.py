@@ -74,7 +74,7 @@ from fl_app import protocol as P
 from fl_app.config import RunConfig, defaults
 from fl_app.options import Option
 from fl_app.plugins import options_of
-from fl_app.costs import BlockCosts
+from fl_app.link import LinkCodecs, block_costs
 from fl_app.device import resolve_device, to_device
 from fl_app.models import BlockModel
 from fl_app.task import Task
@@ -139,7 +139,9 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         self.metric_log = metrics.MetricLog()
         self.status = "running"
         self.run_seconds = 0.0
-        self.costs = BlockCosts(task.profiles, cfg.batch_parallel)
+        #: FLOPs and bits of block ranges, bits as the links' codecs encode them (:mod:`fl_app.link`)
+        self.exchange.links = LinkCodecs.from_config(cfg)
+        self.costs = block_costs(task, cfg.batch_parallel, self.exchange.links)
         #: typed configs to timed requests (:mod:`strategies.core.requests`)
         self.requests = RequestBuilder(self.costs, task.cut_layer)
         self._wall0 = time.monotonic()

@@ -60,6 +60,7 @@ class Request:
             instead of as uplink; 0 for ordinary requests. Flower has no
             node-to-node channel, so the bytes really travel through the
             ServerApp; only the virtual clock charges them as one D2D hop.
+        wire: the content as sent (the downlink codec's encoding, :mod:`fl_app.link`); None: ``content``.
     """
 
     action: str
@@ -70,11 +71,13 @@ class Request:
     tag: Any = None
     metered: bool = True
     d2d_bits: float = 0.0
+    wire: RecordDict | None = None
 
     @property
     def payload_bytes(self) -> int:
-        """Bytes of the content's arrays (what ``bytes_down`` counts)."""
-        return sum(P.record_bytes(r) for r in P.array_records(self.content).values())
+        """Bytes of the arrays sent (what ``bytes_down`` counts): the :attr:`wire` content's, else ``content``'s."""
+        sent = self.content if self.wire is None else self.wire
+        return sum(P.record_bytes(r) for r in P.array_records(sent).values())
 
     @property
     def download_bits(self) -> float:
@@ -250,7 +253,9 @@ class Dispatcher:
         if partition_id in self._wire or not self._outbox[partition_id]:
             return
         pending = self._outbox[partition_id].popleft()
-        msg = Message(pending.request.content, self.node_of[partition_id], pending.request.action)
+        request = pending.request
+        msg = Message(request.content if request.wire is None else request.wire, self.node_of[partition_id],
+                      request.action)
         (pending.message_id,) = list(self.grid.push_messages([msg]))
         pending.wall_sent = time.monotonic()
         self._wire[partition_id] = pending

@@ -22,6 +22,7 @@ from flwr.app import RecordDict
 
 from fl_app import protocol as P
 from fl_app.config import RunConfig
+from fl_app.link import LinkCodecs, decode
 from strategies.core.clock import Clock, Timing
 from strategies.core.dispatcher import SCHEDULED, Dispatcher, Pending, Reply, Request
 from strategies.core.membership import Membership, _last_line
@@ -64,6 +65,8 @@ class Exchange:
         self.stray_replies: list[Reply] = []
         #: told the dispatcher's ``exchanges`` after each reply received, failed ones too (the progress bar)
         self.on_reply: Callable[[int], None] | None = None
+        #: the run's codecs at the cut (:mod:`fl_app.link`); None: float32 both ways, nothing encoded
+        self.links: LinkCodecs | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A checkpoint saves the dispatcher by its own ``state_dict``; the resumed run makes a new one (and
@@ -79,13 +82,15 @@ class Exchange:
 
         The duration comes from the timing model: ``request.flops`` of
         compute, ``request.bits_up`` of upload and ``request.bits_down`` (by
-        default the content's array payload) of download. Requests to a busy
+        default the content's array payload, as the downlink codec encodes it) of download. Requests to a busy
         client queue behind its earlier ones (one message in flight per node).
 
         Returns:
             the dispatcher's :class:`~strategies.core.dispatcher.Pending` entry.
         """
         assert self.dispatcher is not None
+        if self.links is not None:  # the one place the server encodes what goes down (fl_app.link)
+            request.wire = self.links.encode(request.content, up=False, owner=pid)
         self.bytes_down += request.payload_bytes
         draw = self.draws[pid]
         self.draws[pid] += 1
@@ -146,14 +151,17 @@ class Exchange:
             reason = "timed out" if reply is None else _last_line(reply.error.reason)
             log.warning("client %d failed on %s (%s); excluded from the run", pid, pending.action, reason)
             return self.exclude(pending, reason, False)
-        problem = self.validate(pid, pending.request, reply.content)
+        content = reply.content
+        sent = sum(P.record_bytes(r) for r in P.array_records(content).values()) if pending.request.metered else 0
+        if self.links is not None:  # the one place the server decodes what came up (fl_app.link)
+            content = decode(content)
+        problem = self.validate(pid, pending.request, content)
         if problem is not None:
             log.warning("client %d sent a malformed reply to %s (%s); excluded from the run",
                         pid, pending.action, problem.reason)
             return self.exclude(pending, f"malformed reply: {problem.reason}", problem.non_finite)
-        if pending.request.metered:
-            self.bytes_up += sum(P.record_bytes(r) for r in P.array_records(reply.content).values())
-        return Reply(pid, pending.request, reply.content, pending.due, pending.seq)
+        self.bytes_up += sent  # as encoded on the wire, scales and indices included
+        return Reply(pid, pending.request, content, pending.due, pending.seq)
 
     def gather_replies(self, requests: Iterable[tuple[int, Request]], *, first: int | None = None,
                        deadline: float | None = None, rest: str = "keep") -> list[Reply]:

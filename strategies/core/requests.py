@@ -113,8 +113,11 @@ class RequestBuilder:
 
     def zo_bits(self, end: int, batch: int, perturbations: int) -> float:
         """Upload of a ZO forward: ``2P + 1`` embeddings of ``batch`` samples, and their labels once."""
-        per = self.costs.activation_bits(end, batch, labels=False)
-        return (2 * perturbations + 1) * per + LABEL_BITS * batch
+        if self.costs.up is None:
+            per = self.costs.activation_bits(end, batch, labels=False)
+            return (2 * perturbations + 1) * per + LABEL_BITS * batch
+        # encoded as sent: the activations, then h+ and h- as [P, batch, ...] stacks
+        return self.costs.activation_bits(end, batch) + 2 * self.costs.stack_bits(end, batch, perturbations)
 
     def zo_forward(self, config: P.ZOForwardConfig, weights: ArrayRecord | None = None,
                    tag: object = None) -> Request:

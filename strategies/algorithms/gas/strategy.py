@@ -196,7 +196,7 @@ class GAS(SplitMixin, AsyncStrategy):
         nxt = P.NEXT_WEIGHTS if done else P.NEXT_FORWARD
         request = self.backward_request(grad, nxt, self.cfg.batch_size)
         if self.shared_momentum is not None:  # the buffer goes down, and comes back up
-            request = self.shared_momentum.attach(pid, request, self.costs.param_bits(0, self.cut))
+            request = self.shared_momentum.attach(pid, request, self.costs.param_bits(0, self.cut, encoded=False))
         self.send(pid, request)
         self.activation_buffer.append((x, y, progress))
         if sum(int(b[1].numel()) for b in self.activation_buffer) >= self.q_s * self.cfg.batch_size:
