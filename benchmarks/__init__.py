@@ -9,6 +9,8 @@ ratios (this machine is shared and noisy, so compare within one run):
   wall times, their ratios, Ray's start-up and the client parallelism it
   reached (see :mod:`benchmarks.engine`). With ``--against REV``: the
   small run in-process only, REV and the working tree alternately.
+* ``liveness``: the main job's time to first output and its longest gap
+  between output changes, on a pipe (see :mod:`benchmarks.liveness`).
 * ``throughput``: client iterations per second for GAS on Fashion-MNIST at
   the paper's settings (K=20, C=10, E=20, B=32, shard=2). With
   ``--against REV`` (e.g. ``HEAD``) it runs that git revision and the working

@@ -341,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--widen", type=float, default=0.05, help="band widening on each side (default 0.05)")
     cp.add_argument("--title", default="")
     cp.set_defaults(func=cmd_compare)
-    bn = sub.add_parser("bench", help="engine, throughput, scale, generation, memory and ring benchmarks; "
+    bn = sub.add_parser("bench", help="engine, throughput, scale, generation, memory, ring and liveness benchmarks; "
                                       "summary (only when named)")
     bn.add_argument("only", nargs="*", help="benchmarks to run (default: all)")
     bn.add_argument("--quick", action="store_true", help="smaller budgets")
