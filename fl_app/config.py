@@ -129,7 +129,6 @@ class RunConfig:
                 if key not in explicit:
                     keyed[key] = value
         declared = {opt.key: opt for opt in CORE_OPTIONS}
-        declared["strategy"].validate(declared["strategy"].coerce(keyed.get("strategy", "gas")))
         chosen = strategy_class(str(keyed.get("strategy", declared["strategy"].default)))
         declared.update(installed_declarations(builtin_only=True))  # pyproject.toml's keys
         for opt in options_of(chosen):  # a plugin's own keys (built-in ones are declared already)
