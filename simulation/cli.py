@@ -40,12 +40,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     (written with ``checkpoint-every=N``) with the checkpoint's configuration;
     keys given beside it must equal the checkpoint's, except
     ``checkpoint-every``. Checkpoints and resume need the in-process engine.
-    Unless ``--quiet``, a first line on stdout comes at once (the imports and
-    the planning take seconds) and a second one, the run and its directory,
-    once planned; then the progress bar (stderr).
+    Unless ``--quiet``, a first line on stdout comes at once, then the
+    seconds elapsed (:func:`~strategies.core.progress.start_waiting`: the
+    imports and the planning take seconds), a line with the run and its
+    directory once planned, and the progress bar (stderr).
     """
-    if not args.quiet:
-        print("sflower run: starting (importing torch and flwr, loading the data)...", flush=True)
+    if args.quiet:
+        return _run(args)
+    from strategies.core.progress import start_waiting, stop_waiting
+
+    print("sflower run: starting (importing torch and flwr, loading the data)...", flush=True)
+    start_waiting()  # the seconds elapsed, until the run's progress bar opens
+    try:
+        return _run(args)
+    finally:
+        stop_waiting()
+
+
+def _run(args: argparse.Namespace) -> int:
+    """:func:`cmd_run` after its first line."""
     from pathlib import Path
 
     from simulation.server_app import plan_run
@@ -81,10 +94,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if resume is not None:
         plan.resume_from = Path(resume) / ckpt.CHECKPOINT_FILE
     if not args.quiet:
+        from strategies.core.progress import start_waiting, stop_waiting
+
         c = plan.cfg
+        stop_waiting()  # its line is cleared; this one stays
         print(f"sflower run: {c.strategy} on {c.dataset}, {c.num_clients} clients ({c.concurrency} concurrent), "
               f"{c.global_iterations} global iterations, {engine} engine -> {plan.out_dir}; "
               f"{'resuming' if resume is not None else 'connecting the clients'}...", flush=True)
+        start_waiting()
     try:
         if engine == "ray":
             summary = run_ray(plan, progress=not args.quiet, **engine_options)

@@ -39,7 +39,9 @@ def test_the_bar_counts_exchanges_within_a_global_iteration(tmp_path, capsys, mo
            "seed": 0, "output-dir": out}
     assert main(cli_args(run)) == 0
     printed = capsys.readouterr()
-    lines = printed.out.splitlines()
+    # the start-up display (seconds elapsed, redrawn with carriage returns, then cleared) is not a line of its own
+    assert "starting 00:0" in printed.out
+    lines = [line for line in printed.out.splitlines() if line.strip() and not line.lstrip().startswith("starting")]
     assert lines[0].startswith("sflower run: starting"), printed.out
     assert lines[1].startswith("sflower run: gas on mnist-5k, 3 clients (2 concurrent), 2 global iterations")
     assert str(out) in lines[1] and lines[-1].startswith("gas: final accuracy")

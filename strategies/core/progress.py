@@ -10,16 +10,78 @@ tqdm's pace; when stderr is not a terminal (a log file, a pipe, a sweep, the
 ServerApp under ``flwr run``) at most once every :data:`PIPE_INTERVAL_S`
 seconds, so that a log gets about one update per second, not one per
 exchange (``TQDM_MININTERVAL`` in the process's environment overrides both).
+
+Between replies (a GAS server update, a straggler) a :class:`Heartbeat`
+redraws the bar every :data:`HEARTBEAT_S` seconds, so its elapsed time and
+rate keep moving; the counts move only with exchanges.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any
 
 #: Seconds between two redraws of a bar whose stderr is not a terminal.
 PIPE_INTERVAL_S = 1.0
+#: Seconds between two redraws by a :class:`Heartbeat` (the display moves at least this often).
+HEARTBEAT_S = 1.0
+
+
+class Heartbeat:
+    """A daemon thread that redraws a tqdm bar every ``interval`` seconds until :meth:`stop`.
+
+    tqdm redraws only when updated; between updates (a long server step)
+    its elapsed time would stand still. Redraws take the bar's own lock.
+    """
+
+    def __init__(self, tqdm_bar: Any, interval: float = HEARTBEAT_S) -> None:
+        self._bar, self._interval = tqdm_bar, interval
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sflower-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            try:
+                self._bar.refresh()
+            except Exception:  # a bar closed under us, a closed stream: the display is best effort
+                return
+
+    def stop(self) -> None:
+        """Stop redrawing and wait for the thread (at most one interval)."""
+        self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(self._interval + 1.0)
+
+
+_waiting: tuple[Any, Heartbeat] | None = None
+
+
+def start_waiting(stream: Any = None) -> None:
+    """Show the seconds elapsed on ``stream`` (stdout) until the run's bar opens or :func:`stop_waiting`.
+
+    The start of a run (imports, the data, the plan, the handshake, the
+    first evaluation) takes seconds without an exchange to count.
+    """
+    global _waiting
+    from tqdm.auto import tqdm
+
+    stop_waiting()
+    bar = tqdm(file=stream or sys.stdout, bar_format="  {desc} {elapsed}", desc="starting", leave=False,
+               mininterval=0)
+    _waiting = (bar, Heartbeat(bar))
+
+
+def stop_waiting() -> None:
+    """Stop and clear the start-up display of :func:`start_waiting` (nothing if none is shown)."""
+    global _waiting
+    if _waiting is not None:
+        bar, heartbeat = _waiting
+        _waiting = None
+        heartbeat.stop()
+        bar.close()
 
 
 class RunBar:
@@ -27,6 +89,8 @@ class RunBar:
 
     def __init__(self, tqdm_bar: Any, name: str, iterations: int) -> None:
         self.tqdm, self.name, self.iterations = tqdm_bar, name, iterations
+        #: redraws the bar between exchanges (:class:`Heartbeat`)
+        self.heartbeat = Heartbeat(tqdm_bar)
 
     def name_iteration(self, iteration: int, exchanges: int) -> None:
         """Name global ``iteration`` in the description; estimate the total from ``exchanges`` by then."""
@@ -52,6 +116,7 @@ def open_bar(enabled: bool, total: int, initial: int, desc: str, exchanges: int 
     ``total``, or None when not ``enabled``."""
     if not enabled:
         return None
+    stop_waiting()
     from tqdm.auto import tqdm
 
     options: dict[str, Any] = {}
@@ -96,4 +161,5 @@ def tick(bar: RunBar | None, iteration: int, exchanges: int) -> None:
 def close_bar(bar: RunBar | None) -> None:
     """Close ``bar`` (None: nothing); the caller drops its reference."""
     if bar is not None:
+        bar.heartbeat.stop()
         bar.tqdm.close()
