@@ -379,7 +379,7 @@ def _memory_child(src: str, labels: int, dim: int, per_label: int, flush: int) -
 
 def _old_source(rev: str | None, dest_dir: str) -> str | None:
     """GAS's ``generation.py`` of git revision ``rev`` (``strategies/algorithms/gas/`` now,
-    ``strategies/`` before the layout of issue 34), written under ``dest_dir`` (None if unavailable)."""
+    ``strategies/`` in older revisions), written under ``dest_dir`` (None if unavailable)."""
     import subprocess
 
     if not rev:

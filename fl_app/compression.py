@@ -1,8 +1,8 @@
 """Codecs for what crosses the cut: fp16/bf16 casts, int8 quantisation, top-k sparsification.
 
-Issue 36. Every tensor a split or FL message carries is float32 unless the
+Every tensor a split or FL message carries is float32 unless the
 run's ``compress-up`` / ``compress-down`` keys name a codec for that link
-(:class:`LinkCodecs` applies them at the seam). A codec turns one
+(:class:`fl_app.link.LinkCodecs` applies them at the seam). A codec turns one
 float32 array into a few plain NumPy arrays that travel as Flower
 :class:`~flwr.app.Array` entries of the same ArrayRecord, under the tensor's
 name and ``name::part`` names:

@@ -31,7 +31,7 @@ class BlockCosts:
             costs one sample's FLOPs, as if processed in parallel.
         up: the uplink codec (:class:`fl_app.compression.Codec`, ``compress-up``); None: float32.
             Uploads are charged its :meth:`~fl_app.compression.Codec.nbytes`, exactly the bytes
-            :mod:`fl_app.link` puts in the reply (issue 36).
+            :mod:`fl_app.link` puts in the reply.
         down: the downlink codec (``compress-down``); None: float32.
         param_shapes: per block, ``(shape, itemsize, is_float32)`` of each state-dict tensor: what an
             encoded model upload is charged by (needed only with ``up``).

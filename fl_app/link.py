@@ -1,6 +1,6 @@
 """The seam at the cut: what a message's tensors become on the wire, in one place per side.
 
-Issue 36. The run's ``compress-up`` codec (:mod:`fl_app.compression`)
+The run's ``compress-up`` codec (:mod:`fl_app.compression`)
 encodes what the clients send up (activations, input gradients, ZO
 perturbation stacks, model uploads), ``compress-down`` what the server sends
 down (gradients, relayed activations, model downloads). The encoded tensors
