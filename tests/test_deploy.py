@@ -118,9 +118,12 @@ def test_a_node_killed_mid_session_is_excluded_and_the_run_finishes(tmp_path: Pa
     re-admitted), and the others finish the run.
 
     Which side notices first is a race on a loaded machine: the session's stream breaking, or SuperLink's
-    heartbeat error on the node's opening message. Both reasons say "node unavailable"."""
+    heartbeat error on the node's opening message. Both reasons say "node unavailable". The kill is timed from
+    the first trained row (global iteration 10), when every session is open. Timed from row 0 it could land
+    while the node was still starting its ClientApp; the asynchronous run could then end before SuperLink's
+    heartbeat lapsed, and the failure went unnoticed (CI, 2026-11-26)."""
     summary, run_dir = _deploy(tmp_path, nodes="3", strategy="gas", **{
-        "global-iterations": "60", "eval-every": "20", "kill-node": "1", "kill-after": "8"})
+        "global-iterations": "60", "eval-every": "10", "kill-node": "1", "kill-after": "2"})
     assert summary["status"] == "completed" and summary["deploy"]["killed_node"] == 1
     reason = summary["failure_reasons"]["1"]
     assert "node unavailable" in reason.lower(), reason
@@ -129,6 +132,16 @@ def test_a_node_killed_mid_session_is_excluded_and_the_run_finishes(tmp_path: Pa
     rows = read_metrics(run_dir / "out" / "metrics.csv")
     assert int(rows[-1]["global_iteration"]) == 60
     assert _session_port_closed(run_dir) and not _no_process_left(run_dir)
+
+
+def test_the_kill_clock_starts_at_the_first_trained_row(tmp_path: Path) -> None:
+    from simulation.deploy.run import _trained_rows
+    path = tmp_path / "metrics.csv"
+    assert _trained_rows(path) == 0
+    path.write_text("global_iteration,test_accuracy\n0,0.1\n")
+    assert _trained_rows(path) == 0  # the initial model's evaluation: sessions may not be open yet
+    path.write_text("global_iteration,test_accuracy\n0,0.1\n10,0.5\n20,0.6\n")
+    assert _trained_rows(path) == 2
 
 
 def test_deploy_arguments() -> None:

@@ -27,7 +27,7 @@ DEPLOY_DEFAULTS: dict[str, Any] = {
     "run-dir": "",         # default runs/deploy-<strategy>-<time>
     "timeout": 1800.0,     # s: the whole run, from `flwr run` to summary.json
     "kill-node": -1,       # partition id of a node to SIGKILL mid-run (-1: none)
-    "kill-after": 5.0,     # s after the first metric row (training has started)
+    "kill-after": 5.0,     # s after the first metric row of a trained model (global iteration >= 1)
     "restart-after": 0.0,  # s after the kill to start the node again (0: never)
 }
 

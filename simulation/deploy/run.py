@@ -52,12 +52,19 @@ def run_config_for(cfg: RunConfig, given: Mapping[str, Any], out_dir: Path,
     return table
 
 
-def _metric_rows(path: Path) -> int:
-    """Data rows in ``metrics.csv`` so far (0 while it does not exist)."""
+def _trained_rows(path: Path) -> int:
+    """Rows of ``metrics.csv`` written after training started (global iteration >= 1; 0 while there is no file).
+
+    Row 0 is the evaluation of the initial model, before any node has opened
+    its session: a fault timed from it can land while a node is still
+    starting its ClientApp, where only SuperLink's heartbeat (tens of
+    seconds) notices it. After a trained row, the sessions are open.
+    """
     try:
-        return max(0, len(path.read_text().strip().splitlines()) - 1)
+        lines = path.read_text().strip().splitlines()
     except OSError:
         return 0
+    return sum(1 for line in lines[1:] if line.split(",", 1)[0].strip() not in ("", "0"))
 
 
 def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
@@ -104,7 +111,7 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
         while not summary_path.exists():
             dep.processes.refresh()
             now = time.monotonic()
-            if first_row_at is None and _metric_rows(out_dir / "metrics.csv") >= 1:
+            if first_row_at is None and _trained_rows(out_dir / "metrics.csv") >= 1:
                 first_row_at = now
             if victim is not None and killed_at is None and first_row_at is not None \
                     and now - first_row_at >= o["kill-after"]:
