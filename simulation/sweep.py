@@ -24,6 +24,11 @@ same seed diverges again). A run that diverges or fails is reported in one
 line and the sweep goes on. The table of all runs is written to
 ``DIR/results.csv``.
 
+Several ``sflower sweep`` processes may share one ``DIR`` (one per core,
+say): each run is claimed with a lock (``DIR/.locks/``, released when its
+process ends, a crash included), and a run another process holds is
+skipped. The last process to finish writes the complete table.
+
 With ``tracker=...`` in ``[base]`` (or the grid), every run is tracked
 under its directory's name (``variant=gas,seed=0``) with its grid keys, its
 variant and its seed as tags, in one store for the sweep: ``DIR/mlflow.db``
@@ -34,6 +39,8 @@ shows them side by side); see :func:`tracking_context`.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import json
 import math
@@ -117,6 +124,27 @@ def is_complete(run_dir: Path) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def claim(out: Path, name: str):
+    """Hold the lock of run ``name`` of the sweep in ``out`` for the block; yields False if another process has it.
+
+    The lock is an advisory ``flock`` on ``out/.locks/NAME.lock``: the kernel
+    releases it when the holding process ends, however it ends.
+    """
+    locks = out / ".locks"
+    locks.mkdir(exist_ok=True)
+    with open(locks / f"{name}.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def tracking_context(out: Path, run: Mapping[str, Any], grid_keys: list[str]) -> TrackingContext:
     """The trackers' names for one run of a sweep in ``out``: the sweep's store, the run's grid keys as tags."""
     from fl_app.options import core_option
@@ -148,20 +176,24 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
     runs = expand(spec)
     for i, run in enumerate(runs, 1):
         run_dir = out / run_name(run, grid_keys)
-        if is_complete(run_dir):
-            print(f"[{i}/{len(runs)}] {run_dir.name}: done, skipped")
-            continue
-        print(f"[{i}/{len(runs)}] {run_dir.name}")
-        cfg = run_config(run)
-        cfg["output-dir"] = str(run_dir)
-        plan = plan_run(RunConfig.from_mapping(cfg))
-        plan.tracking = tracking_context(out, run, grid_keys)
-        engine = run.get("engine", "inprocess")
-        try:
-            (run_ray if engine == "ray" else run_inprocess)(plan, progress=progress)
-        except (DivergedError, RunFailedError) as err:
-            outcome = "diverged" if isinstance(err, DivergedError) else "failed"
-            print(f"[{i}/{len(runs)}] {run_dir.name}: {outcome}: {err}")
+        with claim(out, run_dir.name) as mine:
+            if not mine:
+                print(f"[{i}/{len(runs)}] {run_dir.name}: running in another process, skipped")
+                continue
+            if is_complete(run_dir):
+                print(f"[{i}/{len(runs)}] {run_dir.name}: done, skipped")
+                continue
+            print(f"[{i}/{len(runs)}] {run_dir.name}")
+            cfg = run_config(run)
+            cfg["output-dir"] = str(run_dir)
+            plan = plan_run(RunConfig.from_mapping(cfg))
+            plan.tracking = tracking_context(out, run, grid_keys)
+            engine = run.get("engine", "inprocess")
+            try:
+                (run_ray if engine == "ray" else run_inprocess)(plan, progress=progress)
+            except (DivergedError, RunFailedError) as err:
+                outcome = "diverged" if isinstance(err, DivergedError) else "failed"
+                print(f"[{i}/{len(runs)}] {run_dir.name}: {outcome}: {err}")
     table = collect(out, target=float(spec["meta"].get("target-accuracy", 0.0)))
     return table
 

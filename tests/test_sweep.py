@@ -8,7 +8,7 @@ import pytest
 from fl_app.errors import ConfigError
 from simulation.cli import main
 from simulation.outputs.report import BEST, FINAL, report, summarize
-from simulation.sweep import expand, load_sweep, run_sweep
+from simulation.sweep import claim, expand, load_sweep, run_sweep
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -72,6 +72,24 @@ def test_sweep_resumes_and_reports(tmp_path, capsys):
     assert (out / "curves.png").stat().st_size > 0 and (out / "profiles.png").stat().st_size > 0
 
 
+def test_a_run_another_process_holds_is_skipped(tmp_path, capsys):
+    """Two sweeps on one directory: a claimed run is left to its holder; the lock goes with its holder."""
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP)
+    out = tmp_path / "out"
+    out.mkdir()
+    with claim(out, "variant=fedavg,seed=0") as mine:  # the other process (flock: per open file)
+        assert mine
+        with claim(out, "variant=fedavg,seed=0") as again:
+            assert not again
+        run_sweep(path, out, progress=False)
+    assert "variant=fedavg,seed=0: running in another process, skipped" in capsys.readouterr().out
+    assert not (out / "variant=fedavg,seed=0" / "summary.json").exists()
+    assert (out / "variant=fedavg,seed=1" / "summary.json").exists()
+    with claim(out, "variant=fedavg,seed=0") as mine:  # released: claimable again
+        assert mine
+
+
 def test_a_diverged_run_is_a_result_and_the_sweep_goes_on(tmp_path, capsys):
     """lr = 1e6 without clipping diverges: the sweep says so in one line, runs the next run, keeps the
     diverged run in the table, and a resumed sweep skips it (the same seed would diverge again)."""
@@ -104,6 +122,24 @@ def test_the_report_counts_diverged_runs_apart():
     assert rows.loc["a", BEST] == "88.33 ± 18.97"  # (0.9, 0.95, 0.8): sd 7.638, sem 4.410, t(0.975, 2 df) = 4.303
     assert rows.loc["b", "seeds"] == "1 (1 diverged)" and rows.loc["b", FINAL] == "–"
     assert summarize(table.iloc[[0, 2]], ["variant"]).loc[0, "seeds"] == 2
+
+
+def test_show_bytes_adds_the_mb_columns_and_the_bytes_plot(tmp_path):
+    """``[meta] show-bytes``: mean MB up and down per configuration (10^6 bytes), and bytes.png."""
+    from simulation.outputs.report import plot_bytes
+
+    nan = float("nan")
+    table = pd.DataFrame({
+        "variant": ["f32", "f32", "int8", "int8"], "strategy": ["gas"] * 4, "status": ["completed"] * 4,
+        "final_accuracy": [0.6, 0.7, 0.6, 0.5], "best_accuracy": [0.6, 0.7, 0.6, 0.5],
+        "time_to_target_s": [nan] * 4, "iterations_to_target": [nan] * 4,
+        "bytes_up": [4_000_000, 4_000_000, 1_000_000, 1_100_000], "bytes_down": [2e6, 2e6, 2e6, 2e6],
+    })
+    rows = summarize(table, ["variant"], show_bytes=True).set_index("variant")
+    assert rows.loc["f32", "MB up"] == "4.0" and rows.loc["int8", "MB up"] == "1.1"  # (1.0 + 1.1) / 2 = 1.05
+    assert rows.loc["int8", "MB down"] == "2.0"
+    assert "MB up" not in summarize(table, ["variant"]).columns
+    assert plot_bytes(tmp_path, table, ["variant"]).stat().st_size > 0
 
 
 def test_bad_sweep_files(tmp_path):

@@ -87,9 +87,11 @@ def _context(keys: list[str], values: tuple) -> str:
     return "/".join(str(v) for k, v in zip(keys, values) if k != compared)
 
 
-def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None = None) -> pd.DataFrame:
+def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None = None,
+              show_bytes: bool = False) -> pd.DataFrame:
     """Mean ± 95 % interval over seeds of each configuration (accuracies in %); time and global
-    iterations to the target accuracy averaged over the seeds that reached it.
+    iterations to the target accuracy averaged over the seeds that reached it; with ``show_bytes``
+    (the sweep's ``[meta] show-bytes``), the mean MB sent up and down (``bytes_up``/``bytes_down``, 10^6 bytes).
 
     A run whose ``status`` starts with ``diverged`` stopped before its last global
     iteration: ``seeds`` says how many did (``"3 (1 diverged)"``), the final
@@ -109,6 +111,9 @@ def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None
         reached = f" ({int(tt.notna().sum())}/{len(group)} seeds)" if tt.notna().sum() < len(group) else ""
         row["time to target (virtual s)"] = "–" if tt.isna().all() else f"{tt.mean():.1f}{reached}"
         row["global iterations to target"] = "–" if it.isna().all() else f"{it.mean():.1f}{reached}"
+        if show_bytes:
+            row["MB up"] = f"{group['bytes_up'].mean() / 1e6:.1f}"
+            row["MB down"] = f"{group['bytes_down'].mean() / 1e6:.1f}"
         if paper:
             key = _paper_key(paper, keys, values)
             row["paper (%)"] = paper[key] if key else "–"
@@ -269,6 +274,39 @@ def plot_curves(out: Path, table: pd.DataFrame, keys: list[str], column: str = "
     return path
 
 
+def plot_bytes(out: Path, table: pd.DataFrame, keys: list[str]) -> Path:
+    """Final accuracy (mean, 95 % interval over seeds) against the MB a run sent (up plus down), one point per
+    configuration, one colour per strategy: what a codec trades. Written to ``out/bytes.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in keys if k in table.columns] or ["strategy"]
+    done = table[~_diverged(table)]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colours: dict[str, Any] = {}
+    for values, group in done.groupby(keys, sort=False):
+        values = values if isinstance(values, tuple) else (values,)
+        strategy = str(group["strategy"].iloc[0])
+        colour = colours.setdefault(strategy, f"C{len(colours)}")
+        mean, half = mean_ci((100 * group["final_accuracy"]).astype(float).tolist())
+        mb = (group["bytes_up"] + group["bytes_down"]).mean() / 1e6
+        ax.errorbar(mb, mean, yerr=None if math.isnan(half) else half, fmt="o", color=colour, capsize=3,
+                    label=strategy if strategy not in ax.get_legend_handles_labels()[1] else None)
+        ax.annotate(_label(keys, values), (mb, mean), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("MB sent per run, up + down (log scale)")
+    ax.set_ylabel("final test accuracy (%, mean and 95% interval)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = out / "bytes.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_profiles(out: Path, run_dir: Path) -> Path | None:
     """Compute speed (GFLOP/s) against uplink rate (Mbit/s) of a run's devices."""
     import matplotlib
@@ -324,7 +362,7 @@ def tables(table: pd.DataFrame, keys: list[str], meta: dict[str, Any]) -> str:
     lines = [f"Numerics: {', '.join(modes) or 'fast'} (docs/reproducibility.md). Accuracies: mean over seeds "
              "± half-width of the 95% confidence interval (Student t); diverged runs are counted in `seeds` "
              "and left out of the final accuracy.", ""]
-    lines += [markdown_table(summarize(table, keys, meta.get("paper"))), ""]
+    lines += [markdown_table(summarize(table, keys, meta.get("paper"), bool(meta.get("show-bytes")))), ""]
     pairs = pairs_table(table, keys, meta)
     if not pairs.empty:
         lines += ["Paired differences of final accuracy over the seeds both runs completed; "
@@ -346,6 +384,8 @@ def report(out_dir: str | Path) -> Path:
         plot_curves(out, table, keys, "grad_dissimilarity", "dissimilarity.png",
                     "gradient dissimilarity (GAS Fig. 2)", logy=True)
         plot_profiles(out, out / table["run"].iloc[0])
+    if meta.get("show-bytes"):
+        plot_bytes(out, table, keys)
     path = out / "report.md"
     path.write_text(render(out, table, keys, meta))
     return path
@@ -353,7 +393,7 @@ def report(out_dir: str | Path) -> Path:
 
 #: The plots a report links when its directory holds them, with their captions.
 PLOTS = (("curves.png", "curves"), ("dissimilarity.png", "gradient dissimilarity"),
-         ("profiles.png", "device profiles"))
+         ("bytes.png", "accuracy against bytes"), ("profiles.png", "device profiles"))
 
 
 def render(out: Path, table: pd.DataFrame, keys: list[str], meta: dict[str, Any]) -> str:
