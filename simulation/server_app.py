@@ -146,6 +146,7 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     strategy.resume_from = plan.resume_from
     if extra["transport"] == "session":  # docs/explanation/design.md §4, "The session transport"
         grid = open_session_grid(grid, cfg)
+        recorder.late = grid.wire_bytes
         try:
             strategy.start(grid)
         finally:

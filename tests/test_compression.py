@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import math
 
 import numpy as np
@@ -254,3 +256,7 @@ def test_session_transport_carries_the_encoded_bytes(certs, tmp_path, monkeypatc
     # every training reply went over a session; a frame adds its framing: names and a .npy header (about 128
     # bytes) per array. Measured: 157,436 bytes in 6 reply frames for 151,136 counted (4 % framing)
     assert run.summary["bytes_up"] <= wire <= run.summary["bytes_up"] + 1500 * len(frames)
+    # the endpoint measures the same frames, and summary.json states them beside the charged bytes
+    written = json.loads((tmp_path / "session" / "summary.json").read_text())
+    assert written["wire_bytes_up"] == wire
+    assert written["bytes_down"] < written["wire_bytes_down"] <= 1.1 * written["bytes_down"]

@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,8 @@ class RunRecorder:
         self._columns: list[str] | None = None
         self.rows: list[dict[str, Any]] = []
         self.listeners = list(listeners)
+        #: fields known only when the run ends, merged into summary.json (the session transport's wire bytes)
+        self.late: Callable[[], Mapping[str, Any]] | None = None
 
     def _tell(self, hook: str, arg: Any) -> None:
         """Call ``hook(arg)`` on every listener; drop one that raises (one warning line)."""
@@ -145,7 +147,8 @@ class RunRecorder:
 
     def finish(self, summary: Mapping[str, Any]) -> dict[str, Any]:
         """Write summary.json and accuracy.png; returns the summary written."""
-        summary = _json_safe({**dict(summary), **({"machine": self.machine} if self.machine else {})})
+        late = dict(self.late()) if self.late is not None else {}
+        summary = _json_safe({**dict(summary), **late, **({"machine": self.machine} if self.machine else {})})
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self._tell("on_finish", summary)
         if self.rows:

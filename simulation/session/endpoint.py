@@ -92,6 +92,8 @@ class Session:
         state: ``opening`` (waiting for the node), ``open``, ``closed`` (by the server) or ``failed``.
         reason: why it failed ("" otherwise).
         created: ``time.monotonic()`` when made (for the connect timeout).
+        wire_down: bytes of the request frames queued for the node (headers and framing included).
+        wire_up: bytes of the reply frames read from the node (headers and framing included).
     """
 
     node_id: int
@@ -100,6 +102,8 @@ class Session:
     state: str = OPENING
     reason: str = ""
     created: float = field(default_factory=time.monotonic)
+    wire_down: int = 0
+    wire_up: int = 0
     _outbound: deque[Any] = field(default_factory=deque, repr=False)
     _replies: dict[str, tuple[dict[str, Any], RecordDict | None]] = field(default_factory=dict, repr=False)
     _cond: threading.Condition = field(default_factory=threading.Condition, repr=False)
@@ -114,6 +118,7 @@ class Session:
         """Queue a request for the node (sent once it has connected, in order)."""
         frame = encode_frame({"kind": "request", "id": request_id, "action": action}, content)
         with self._cond:
+            self.wire_down += len(frame)
             self._outbound.append(frame)
             self._cond.notify_all()
 
@@ -276,6 +281,7 @@ class SessionEndpoint:
             for frame in frames:
                 head, content = decode_frame(frame)
                 if head.get("kind") == "reply":
+                    session.wire_up += len(frame)
                     session._store(head, content)
         except FrameError as err:
             session.fail(f"a malformed frame ({err})")

@@ -65,6 +65,7 @@ class SessionGrid(Grid):
         self.endpoint = endpoint
         self.connect_timeout = connect_timeout
         self.sessions: dict[int, Session] = {}
+        self._all: list[Session] = []  # every session opened, replaced ones included (for the wire bytes)
         self._opening: dict[str, Session] = {}  # Flower id of an opening message -> its session
         self._requests: dict[str, tuple[Message, Session]] = {}
         self._last_watch = 0.0
@@ -157,6 +158,7 @@ class SessionGrid(Grid):
             session.fail("a request for a closed session (the run's sessions were closed)")
             return session
         session = self.endpoint.new_session(node_id)
+        self._all.append(session)
         record = ConfigRecord({"address": self.endpoint.address, "session": session.id, "secret": session.secret,
                                "tls": self.endpoint.tls is not None, "ca": self.endpoint.ca_pem.decode()})
         (open_id,) = list(self.grid.push_messages([Message(RecordDict({SESSION: record}), node_id, OPEN_ACTION)]))
@@ -187,6 +189,14 @@ class SessionGrid(Grid):
                     session.fail(f"the node's session handler failed: {reply.error.reason}")
                 elif session.state != CLOSED:
                     session.fail("the node's session handler returned before the session was closed")
+
+    def wire_bytes(self) -> dict[str, int]:
+        """Bytes the sessions carried so far: ``wire_bytes_up`` (reply frames from the nodes) and
+        ``wire_bytes_down`` (request frames to them), each frame's header and framing included; the
+        handshake, which goes through Flower, is not in them. Compare with ``bytes_up``/``bytes_down``,
+        the arrays' bytes that the virtual clock charges."""
+        return {"wire_bytes_up": sum(s.wire_up for s in self._all),
+                "wire_bytes_down": sum(s.wire_down for s in self._all)}
 
     def close(self, timeout: float = 30.0) -> None:
         """Close every session, wait (up to ``timeout`` s) for the nodes' handlers to return, stop the endpoint."""
