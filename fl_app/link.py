@@ -43,6 +43,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from fl_app import protocol as P
 from fl_app.compression import Codec, decode_arrays, is_encoded, make_codec
 from fl_app.costs import BlockCosts
+from fl_app.errors import ConfigError
 from fl_app.protocol.codec import DeferredArray, encode_array, view_array
 
 #: Records whose float32 arrays a link encodes, with the int8-channel axis (1: batched, 0: weights).
@@ -88,6 +89,26 @@ class LinkCodecs:
             else:
                 out[key] = _encode_record(codec, key, record, axis, owner)
         return P.record_dict(out)
+
+
+def check_links(strategy: str, weights_only: frozenset[str], cfg: Any) -> None:
+    """Refuse a codec on a link where it has nothing to encode.
+
+    Args:
+        strategy: the strategy's name (for the message).
+        weights_only: the links on which the strategy, so configured, sends only model weights
+            (:meth:`strategies.core.base.SFLStrategy.weights_only_links`).
+        cfg: the run configuration (``compress-up``, ``compress-down``).
+
+    Raises:
+        ConfigError: a codec that leaves model weights float32 (top-k) on such a link (one line).
+    """
+    for link in ("up", "down"):
+        name = str(cfg.get(f"compress-{link}"))
+        if link in weights_only and name != "none" and not make_codec(name, 1.0).models:
+            side = f"{strategy}'s clients send" if link == "up" else f"{strategy}'s server sends"
+            raise ConfigError(f"compress-{link}={name}: {side} only model weights {link}, which {name} leaves "
+                              f"float32; choose fp16, bf16, int8 or int8-channel for that link")
 
 
 def block_costs(task: Any, batch_parallel: bool, links: LinkCodecs | None) -> BlockCosts:

@@ -21,6 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 from fl_app.config import RunConfig
 from fl_app.device import resolve_device
 from fl_app.errors import ConfigError
+from fl_app.link import check_links
 from fl_app.numerics import establish, machine_record
 from simulation.outputs.records import RunRecorder, default_output_dir
 from simulation.outputs.saved_model import ModelSaver
@@ -83,6 +84,7 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     task = load_task(cfg)
     check_batch_size(task, cfg.batch_size)
     strategy_cls.check_config(cfg, task)
+    check_links(strategy_cls.name, strategy_cls.weights_only_links(cfg), cfg)
     check_transport(cfg)
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
     if out.exists() and not out.is_dir():

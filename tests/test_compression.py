@@ -9,6 +9,9 @@ import math
 import numpy as np
 import pytest
 
+from flwr.app import ArrayRecord
+
+from fl_app import protocol as P
 from fl_app.compression import CODECS, decode_arrays, make_codec
 from fl_app.errors import ConfigError
 
@@ -260,3 +263,53 @@ def test_session_transport_carries_the_encoded_bytes(certs, tmp_path, monkeypatc
     written = json.loads((tmp_path / "session" / "summary.json").read_text())
     assert written["wire_bytes_up"] == wire
     assert written["bytes_down"] < written["wire_bytes_down"] <= 1.1 * written["bytes_down"]
+
+
+# --- a codec on a link where it has nothing to encode ----------------------------------------------------
+WEIGHTS_ONLY_CASES = [  # (keys, the links the strategy declares weights-only)
+    (dict(strategy="fedavg"), {"up", "down"}),
+    (dict(strategy="fedbuff"), {"up", "down"}),
+    (dict(strategy="mu-splitfed"), {"down"}),
+    (dict(strategy="splitfed-v1", client_optimizer="zo"), {"down"}),
+    (dict(strategy="gas", client_optimizer="zo"), {"down"}),
+    (dict(strategy="gas"), set()),
+    (dict(strategy="splitfed-v1"), set()),
+    (dict(strategy="psl"), set()),
+    (dict(strategy="ringsfl"), set()),
+]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("keys,declared", WEIGHTS_ONLY_CASES, ids=lambda v: "-".join(map(str, v.values()))
+                         if isinstance(v, dict) else None)
+def test_weights_only_links_are_what_crosses(tmp_path, monkeypatch, keys, declared):
+    """The links a strategy declares weights-only carry, in a run with fp16 on both links, no encoded record
+    but model weights; the others carry activations, gradients or perturbations. Top-k there is refused in
+    one line, before the run; on the other links it is accepted."""
+    from fl_app.link import ENCODED, LinkCodecs
+    from simulation.engine import run_inprocess
+    from simulation.server_app import plan_run
+    from tests.conftest import make_cfg
+
+    seen: dict[str, set[str]] = {"up": set(), "down": set()}
+    encode = LinkCodecs.encode
+
+    def spying(self, content, *, up, owner=None):
+        seen["up" if up else "down"].update(
+            key for key, record in content.items() if key in ENCODED and isinstance(record, ArrayRecord)
+            and any(a.dtype == "float32" for a in record.values()))
+        return encode(self, content, up=up, owner=owner)
+
+    monkeypatch.setattr(LinkCodecs, "encode", spying)
+    base = dict(model="lenet5", num_clients=3, concurrency=3, local_iterations=2, eval_samples=100, **keys)
+    summary = run_inprocess(plan_run(make_cfg(output_dir=str(tmp_path / "fp16"), compress_up="fp16",
+                                              compress_down="fp16", **base)), progress=False)
+    assert summary["status"] == "completed"
+    assert {link for link in seen if seen[link] <= {P.WEIGHTS}} == declared, seen
+    for link in ("up", "down"):
+        cfg = make_cfg(output_dir=str(tmp_path / f"topk-{link}"), **{f"compress_{link}": "topk"}, **base)
+        if link in declared:
+            with pytest.raises(ConfigError, match=f"compress-{link}=topk: .* only model weights {link}"):
+                plan_run(cfg)
+        else:
+            plan_run(cfg)

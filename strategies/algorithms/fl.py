@@ -14,6 +14,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from fl_app import protocol as P
+from fl_app.config import RunConfig
 from fl_app.models import BlockModel
 from fl_app.options import Option
 from strategies.core.aggregation import (
@@ -37,6 +38,11 @@ class FullModelMixin(SFLStrategy):
     """The global model trained whole on clients (no split)."""
 
     model: BlockModel
+
+    @classmethod
+    def weights_only_links(cls, cfg: RunConfig) -> frozenset[str]:
+        """Both: the model goes down and comes back up, nothing else."""
+        return frozenset({"up", "down"})
 
     def initialize(self) -> None:
         """Build the global model from the run's seed."""

@@ -36,6 +36,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from fl_app.config import RunConfig
 from fl_app.options import Option
 from strategies.core.aggregation import AGGREGATION_OPTION
 from strategies.core.registry import register
@@ -60,6 +61,11 @@ class MUSplitFed(SyncSplitStrategy):
     def client_zo(self) -> bool:
         """Clients always train with ZO updates."""
         return True
+
+    @classmethod
+    def weights_only_links(cls, cfg: RunConfig) -> frozenset[str]:
+        """The downlink: ZO clients get loss differences (numbers in a config) and models, no gradient."""
+        return frozenset({"down"})
 
     @property
     def server_side_lr(self) -> float:

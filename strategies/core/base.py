@@ -161,6 +161,13 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         """
 
     @classmethod
+    def weights_only_links(cls, cfg: RunConfig) -> frozenset[str]:
+        """The links (``"up"``, ``"down"``) on which this strategy, so configured, sends no float tensor but
+        model weights: no activations, gradients or perturbations. A codec that leaves weights float32
+        (top-k) has nothing to do there, and :func:`fl_app.link.check_links` refuses it. The default: none."""
+        return frozenset()
+
+    @classmethod
     def all_options(cls) -> list[Option]:
         """The strategy's own run-config options and those of its base classes, base first."""
         return options_of(cls)
