@@ -7,6 +7,8 @@ A sweep file is TOML::
     target-accuracy = 0.8      # for the time-to-accuracy columns
     [meta.paper]               # optional: the paper's numbers, shown by `sflower report`
     gas = 90.66
+    # optional [meta] lists: pairs = [["gas", "gas-nogen"]] (orders a paper states in words),
+    # compare = [["gas", "gas-int8"]] (compared, no order claimed); show-bytes = true (MB columns)
 
     [base]                     # run-config keys shared by all runs (+ engine)
     dataset = "fashion-mnist"
@@ -27,7 +29,9 @@ line and the sweep goes on. The table of all runs is written to
 Several ``sflower sweep`` processes may share one ``DIR`` (one per core,
 say): each run is claimed with a lock (``DIR/.locks/``, released when its
 process ends, a crash included), and a run another process holds is
-skipped. The last process to finish writes the complete table.
+skipped. The last process to finish writes the complete table. Give each
+process one thread (``OMP_NUM_THREADS=1``): processes whose torch threads
+outnumber the cores slow each other down many times over.
 
 With ``tracker=...`` in ``[base]`` (or the grid), every run is tracked
 under its directory's name (``variant=gas,seed=0``) with its grid keys, its

@@ -66,6 +66,14 @@ def test_the_pairs_table_ranks_only_what_the_interval_supports():
     t = pairs_table(_table(rows), ["variant"], {"paper": {}, "pairs": [["c", "b"]]}).set_index("pair (A vs B)")
     assert t.loc["c vs b", "paper"] == "c above (stated)" and t.loc["c vs b", "verdict"] in ("reversed", "not distinguishable")
     assert ranked_pairs(configs, {**meta, "pairs": [["c", "a"], ["b", "c"]]}) == [("b", "a"), ("a", "c"), ("b", "c")]
+    # a compared pair, which no paper ranks: its difference and our reading, no paper column, no verdict
+    t = pairs_table(_table(rows), ["variant"], {"paper": {}, "compare": [["b", "a"]]}).set_index("pair (A vs B)")
+    assert list(t.index) == ["b vs a"] and t.loc["b vs a", "ours"] == "a above b"
+    assert "paper" not in t.columns and "verdict" not in t.columns  # only unclaimed pairs: the columns go
+    t = pairs_table(_table(rows), ["variant"], {**meta, "compare": [["b", "c"]]}).set_index("pair (A vs B)")
+    assert t.loc["b vs c", "paper"] == "–" and t.loc["b vs c", "verdict"] == "–"
+    assert t.loc["b vs a", "verdict"] == "reversed"
+    assert ranked_pairs(configs, {**meta, "compare": [["b", "c"]]}, "compare") == [("b", "c")]
     # two partitions: ranked within each, never across; explicit pairs by variant apply in each
     split = {f"{v}/{p}": Config(p, v, {"a": 80.0, "b": 90.0}.get(v)) for p in ("iid", "shard") for v in "abc"}
     assert ranked_pairs(split, {"pairs": [["a", "c"]]}) == [("b/iid", "a/iid"), ("a/iid", "c/iid"),

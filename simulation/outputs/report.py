@@ -150,22 +150,29 @@ class Config:
     paper: float | None = None
 
 
-def ranked_pairs(configs: dict[str, Config], meta: dict[str, Any]) -> list[tuple[str, str]]:
+def ranked_pairs(configs: dict[str, Config], meta: dict[str, Any], key: str = "pairs") -> list[tuple[str, str]]:
     """The pairs a table ranks, by label: within each context (``contiguous``, ``label-sorted``, ...),
     the neighbours in the paper's order (highest first), then the sweep file's ``[meta] pairs``
-    (``[["gas", "gas-nogen"]]``: by the compared key's values, or by labels), without repeats."""
+    (``[["gas", "gas-nogen"]]``: by the compared key's values, or by labels), without repeats.
+    ``key="compare"``: only the pairs of ``[meta] compare``, which no paper ranks."""
     pairs: list[tuple[str, str]] = []
     for context in dict.fromkeys(c.context for c in configs.values()):
         here = {lb: c for lb, c in configs.items() if c.context == context}
-        ranked = sorted((lb for lb, c in here.items() if c.paper is not None), key=lambda lb: -here[lb].paper)
-        pairs += [(ranked[i], ranked[i + 1]) for i in range(len(ranked) - 1)
-                  if here[ranked[i]].paper != here[ranked[i + 1]].paper]
+        if key == "pairs":
+            ranked = sorted((lb for lb, c in here.items() if c.paper is not None),
+                            key=lambda lb: -here[lb].paper)
+            pairs += [(ranked[i], ranked[i + 1]) for i in range(len(ranked) - 1)
+                      if here[ranked[i]].paper != here[ranked[i + 1]].paper]
         by_value = {c.value: lb for lb, c in here.items()}
-        for a, b in meta.get("pairs", []) or []:
+        for a, b in meta.get(key, []) or []:
             la, lb_ = by_value.get(str(a), str(a) if str(a) in here else None), by_value.get(str(b), str(b) if str(b) in here else None)
             if la and lb_ and (la, lb_) not in pairs and (lb_, la) not in pairs:
                 pairs.append((la, lb_))
     return pairs
+
+
+#: The verdict of a ``[meta] compare`` pair: no paper states its order.
+NO_CLAIM = "–"
 
 
 def comparisons(table: pd.DataFrame, keys: list[str], meta: dict[str, Any],
@@ -173,7 +180,8 @@ def comparisons(table: pd.DataFrame, keys: list[str], meta: dict[str, Any],
     """Each ranked pair's paired comparison of ``metric`` over the seeds both completed, with the
     verdict beside the paper's order (``holds``, ``reversed``, ``not distinguishable``, ``not established``).
     A pair of ``[meta] pairs`` whose paper figures are missing is taken as the paper's statement
-    "first above second"."""
+    "first above second". The pairs of ``[meta] compare`` come last, with the verdict :data:`NO_CLAIM`:
+    nobody's order to hold or reverse (sflower's own comparisons, a codec against float32)."""
     keys = [k for k in keys if k in table.columns] or ["strategy"]
     if "seed" not in table.columns:
         return []
@@ -189,6 +197,10 @@ def comparisons(table: pd.DataFrame, keys: list[str], meta: dict[str, Any],
         pa, pb = configs[a].paper, configs[b].paper
         # a pair without the paper's figures is one of [meta] pairs: the paper states "a above b" in words
         out.append((p, p.against(pa, pb) if pa is not None and pb is not None else p.against(1.0, 0.0)))
+    done = {(p.a, p.b) for p, _ in out}
+    for a, b in ranked_pairs(configs, meta, "compare"):
+        if (a, b) not in done and (b, a) not in done:
+            out.append((paired(a, b, per[a], per[b]), NO_CLAIM))
     return out
 
 
@@ -222,10 +234,14 @@ def pairs_table(table: pd.DataFrame, keys: list[str], meta: dict[str, Any]) -> p
             "A − B (points)": "–" if math.isnan(p.diff) else f"{100 * p.diff:+.2f}",
             "95% CI": "–" if math.isnan(p.low) else f"[{100 * p.low:+.2f}, {100 * p.high:+.2f}]",
             "t-test p": _p(p.t_p), "Wilcoxon p": _p(p.wilcoxon_p), "ours": p.ours,
-            "paper": f"{p.a} above (stated)" if pa is None or pb is None else f"{pa:g} vs {pb:g}",
+            "paper": NO_CLAIM if verdict == NO_CLAIM else f"{p.a} above (stated)" if pa is None or pb is None
+            else f"{pa:g} vs {pb:g}",
             "verdict": verdict,
         })
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if rows and (frame["verdict"] == NO_CLAIM).all():  # only sflower's own comparisons: no paper to hold to
+        frame = frame.drop(columns=["paper", "verdict"])
+    return frame
 
 
 def _mean_curves(out: Path, table: pd.DataFrame, keys: list[str], column: str) -> list[tuple[str, pd.DataFrame]]:
