@@ -164,8 +164,10 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
     def weights_only_links(cls, cfg: RunConfig) -> frozenset[str]:
         """The links (``"up"``, ``"down"``) on which this strategy, so configured, sends no float tensor but
         model weights: no activations, gradients or perturbations. A codec that leaves weights float32
-        (top-k) has nothing to do there, and :func:`fl_app.link.check_links` refuses it. The default: none."""
-        return frozenset()
+        (top-k) has nothing to do there, and :func:`fl_app.link.check_links` refuses it. The default: the
+        downlink where clients train zeroth-order (``client-optimizer=zo``: loss differences, numbers in a
+        config, and models go down, no gradient), else none."""
+        return frozenset({"down"}) if cfg.get("client-optimizer") == "zo" else frozenset()
 
     @classmethod
     def all_options(cls) -> list[Option]:

@@ -131,12 +131,6 @@ class SplitMixin(SFLStrategy):
         """Whether clients train with zeroth-order updates (``client-optimizer=zo``)."""
         return self.cfg.get("client-optimizer") == "zo"
 
-    @classmethod
-    def weights_only_links(cls, cfg: RunConfig) -> frozenset[str]:
-        """The downlink where clients train zeroth-order: the server sends them loss differences (numbers in a
-        config) and models, no gradient."""
-        return frozenset({"down"}) if cfg.get("client-optimizer") == "zo" else frozenset()
-
     @property
     def server_zo(self) -> bool:
         """Whether the server side trains with zeroth-order updates (``server-optimizer=zo``)."""
