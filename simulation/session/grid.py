@@ -192,9 +192,9 @@ class SessionGrid(Grid):
 
     def wire_bytes(self) -> dict[str, int]:
         """Bytes the sessions carried so far: ``wire_bytes_up`` (reply frames from the nodes) and
-        ``wire_bytes_down`` (request frames to them), each frame's header and framing included; the
-        handshake, which goes through Flower, is not in them. Compare with ``bytes_up``/``bytes_down``,
-        the arrays' bytes that the virtual clock charges."""
+        ``wire_bytes_down`` (request frames queued for them: all sent, unless a session failed first),
+        each frame's header and framing included; the handshake, which goes through Flower, is not in
+        them. Compare with ``bytes_up``/``bytes_down``, the arrays' bytes that the virtual clock charges."""
         return {"wire_bytes_up": sum(s.wire_up for s in self._all),
                 "wire_bytes_down": sum(s.wire_down for s in self._all)}
 
