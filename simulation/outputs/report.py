@@ -272,9 +272,10 @@ def plot_curves(out: Path, table: pd.DataFrame, keys: list[str], column: str = "
     if not curves:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    for label, curve in curves:
-        axes[0].plot(curve.index, curve[column], marker=".", label=label)
-        axes[1].plot(curve["virtual_time_s"], curve[column], marker=".", label=label)
+    for i, (label, curve) in enumerate(curves):
+        style = ("-", "--", ":")[i // 10 % 3]  # the colour cycle has 10 colours: past them, another line style
+        axes[0].plot(curve.index, curve[column], marker=".", linestyle=style, label=label)
+        axes[1].plot(curve["virtual_time_s"], curve[column], marker=".", linestyle=style, label=label)
     axes[0].set_xlabel("global iteration")
     axes[1].set_xlabel("virtual time (s)")
     axes[0].set_ylabel(ylabel)
