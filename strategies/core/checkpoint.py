@@ -1,23 +1,32 @@
 """Checkpoint files of a run's server state (``checkpoint-every=N``, ``sflower run resume=RUN_DIR``).
 
-A checkpoint is one file, ``RUN_DIR/checkpoint.pt``, written atomically (a
-temporary file in the same directory, then :func:`os.replace`), so a run
-killed while writing one keeps the previous one. It holds
+A checkpoint is one file, ``RUN_DIR/checkpoint.sfl``, written atomically (a
+temporary file in the same directory, flushed and fsynced, then
+:func:`os.replace`), so a run killed while writing one keeps the previous
+one. Loading it executes nothing: no pickle anywhere (issue 37). It holds
 
-* ``meta``: plain Python values (format version, strategy, the whole run
-  configuration, the global iteration, the number of metric rows written):
-  readable without the task, by :func:`read_meta`;
-* ``state``: the server state as bytes of :func:`torch.save` (tensors keep
-  their shared storages, optimizers keep their parameters): the strategy's
-  attributes, the dispatcher's pending work, the clock, the RNG states and
-  the engine's client state (see :meth:`Checkpointer.write`).
+* a magic line (:data:`MAGIC`), then the length of a JSON header and the
+  header: ``format`` (:data:`FORMAT`) and ``meta``, plain JSON values
+  (strategy, the whole run configuration, the global iteration, the number
+  of metric rows written), readable without the task by :func:`read_meta`;
+* ``state``: the server state as one safetensors blob (:func:`dumps`): the
+  tensor storages and NumPy buffers as uint8 tensors, and in its metadata
+  the object graph as typed JSON (:mod:`strategies.core.state_codec`):
+  the strategy's attributes, the dispatcher's pending work, the clock, the
+  RNG states and the engine's client state (see :meth:`Checkpointer.write`).
+  Shared objects stay shared (an optimizer's state keys are the model's
+  Parameters), views keep sharing their storage.
 
 Objects of the run's environment (the task and its data, the
 configuration, clock, timing, recorder and grid) are not written: they are
 written as references by name (see :func:`dumps`) and replaced by the
-resumed run's own objects when loading (:func:`loads`). The file is a
-pickle: resume only run directories you trust, as with
-``torch.load(weights_only=False)``.
+resumed run's own objects when loading (:func:`loads`). Other objects are
+rebuilt only if their classes belong to the codec's allowlist of modules
+(:data:`~strategies.core.state_codec.ALLOWED_MODULES`); anything else is
+refused when writing and when reading.
+
+A checkpoint of an earlier format (``checkpoint.pt``, a pickle) is refused
+with one line, without being read.
 
 :class:`Checkpointer` is a strategy's checkpointing: when one is due, writing
 it, resuming from it; it receives the strategy's callbacks, not the strategy.
@@ -25,131 +34,166 @@ it, resuming from it; it receives the strategy's callbacks, not the strategy.
 
 from __future__ import annotations
 
-import io
+import json
 import logging
 import os
-import pickle
 import random
-import threading
+import struct
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors.torch
 import torch
 
 from fl_app.errors import ConfigError
+from strategies.core import state_codec
 
 log = logging.getLogger("sflower")
 
 #: The checkpoint's file name inside the run directory.
-CHECKPOINT_FILE = "checkpoint.pt"
+CHECKPOINT_FILE = "checkpoint.sfl"
+#: The file name of format 1 and 2 checkpoints (pickles): refused, never read.
+LEGACY_CHECKPOINT_FILE = "checkpoint.pt"
 #: Version of the file layout; a file of another version is refused. 2: the strategy's state holds its
 #: collaborators (membership, exchange, metric log, checkpointer; issue 22) where 1 held their attributes.
-FORMAT = 2
+#: 3: JSON + safetensors instead of a pickle (issue 37).
+FORMAT = 3
+#: The first bytes of a checkpoint file.
+MAGIC = b"SFLOWER-CHECKPOINT\n"
 
-__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_UNSUPPORTED", "FORMAT", "CheckpointError", "dumps", "loads", "write",
-           "read", "read_meta", "rng_state", "set_rng_state", "environment", "save_run", "load_run", "Checkpointer"]
+__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_UNSUPPORTED", "FORMAT", "LEGACY_CHECKPOINT_FILE", "MAGIC",
+           "CheckpointError", "dumps", "loads", "write", "read", "read_meta", "rng_state", "set_rng_state",
+           "environment", "save_run", "load_run", "Checkpointer"]
 
 
 class CheckpointError(ConfigError):
     """A checkpoint cannot be used: missing, unreadable, of another format, or of another run (one line)."""
 
 
-_ENV = threading.local()
-
-
-def _environment(name: str) -> Any:
-    """Unpickling: the resumed run's object registered under ``name`` (see :func:`loads`)."""
-    env = getattr(_ENV, "objects", None)
-    if env is None or name not in env:
-        raise CheckpointError(f"checkpoint refers to '{name}', which the resumed run does not provide")
-    return env[name]
-
-
-def _pickle_module(env: Mapping[str, Any]) -> Any:
-    """A ``pickle_module`` for :func:`torch.save` whose Pickler writes ``env``'s objects as references."""
-    by_id = {id(obj): name for name, obj in env.items()}
-
-    class Pickler(pickle.Pickler):
-        def reducer_override(self, obj: Any) -> Any:  # exact dicts, lists, str, numbers never come here
-            name = by_id.get(id(obj))
-            if name is not None:
-                return _environment, (name,)
-            return NotImplemented
-
-    class Module:
-        pass
-
-    module = Module()
-    module.__name__ = "pickle"  # torch.save checks the name (dill)
-    module.Pickler = Pickler
-    module.Unpickler = pickle.Unpickler
-    module.dump = pickle.dump
-    module.load = pickle.load
-    return module
-
-
 def dumps(obj: Any, env: Mapping[str, Any]) -> bytes:
-    """``obj`` as :func:`torch.save` bytes, with the objects of ``env`` (name -> object) as references.
+    """``obj`` as safetensors bytes (its tensors, and its object graph as JSON in the metadata under
+    ``graph``), with the objects of ``env`` (name -> object) as references.
 
     Raises:
-        pickle.PicklingError, TypeError, AttributeError: something in ``obj`` cannot be pickled.
+        CheckpointError: something in ``obj`` is of a type the codec cannot write (one line).
     """
-    buf = io.BytesIO()
-    torch.save(obj, buf, pickle_module=_pickle_module(env))
-    return buf.getvalue()
+    try:
+        graph, blobs = state_codec.encode(obj, env)
+    except state_codec.CodecError as err:
+        raise CheckpointError(f"cannot write a checkpoint: {err}") from None
+    return safetensors.torch.save(blobs, metadata={"graph": json.dumps(graph, allow_nan=False)})
+
+
+def _safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of safetensors bytes (its JSON header)."""
+    if len(data) < 8:
+        raise ValueError("too short")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise ValueError("truncated header")
+    header = json.loads(data[8:8 + n])
+    if not isinstance(header, dict):
+        raise ValueError("bad header")
+    metadata = header.get("__metadata__") or {}
+    if not isinstance(metadata, dict):
+        raise ValueError("bad metadata")
+    return metadata
 
 
 def loads(data: bytes, env: Mapping[str, Any]) -> Any:
     """Inverse of :func:`dumps`: references to ``env`` names become the objects ``env`` gives now.
 
     Raises:
-        CheckpointError: a referenced name is not in ``env``.
+        CheckpointError: unreadable bytes, a referenced name not in ``env``, or a graph naming something
+            outside the codec's allowlist.
     """
-    old = getattr(_ENV, "objects", None)
-    _ENV.objects = dict(env)
     try:
-        return torch.load(io.BytesIO(data), weights_only=False)
-    finally:
-        _ENV.objects = old
+        graph = json.loads(_safetensors_metadata(data)["graph"])
+        blobs = safetensors.torch.load(data)
+    except Exception as err:  # noqa: BLE001 - any unreadable state gets the same one-line error
+        raise CheckpointError(f"the checkpoint's state is unreadable ({type(err).__name__})") from None
+    try:
+        return state_codec.decode(graph, blobs, env)
+    except state_codec.CodecError as err:
+        raise CheckpointError(f"cannot load the checkpoint: {err}") from None
 
 
 def write(path: str | Path, meta: Mapping[str, Any], state: bytes) -> None:
-    """Write a checkpoint atomically: ``path.tmp`` (flushed, fsynced), then :func:`os.replace`."""
+    """Write a checkpoint atomically: ``path.tmp`` (flushed, fsynced), then :func:`os.replace`.
+
+    Raises:
+        CheckpointError: ``meta`` is not plain JSON.
+    """
     path = Path(path)
+    try:
+        header = json.dumps({"format": FORMAT, "meta": dict(meta)}, allow_nan=False).encode()
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"cannot write a checkpoint: its meta is not plain JSON ({err})") from None
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
-        pickle.dump({"format": FORMAT, "meta": dict(meta), "state": state}, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        fh.write(MAGIC + struct.pack("<Q", len(header)) + header)
+        fh.write(state)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 
-def read(path: str | Path) -> tuple[dict[str, Any], bytes]:
-    """``(meta, state bytes)`` of a checkpoint file.
+def _older(path: Path) -> CheckpointError:
+    return CheckpointError(f"{path} is a checkpoint of an older sflower (a pickle, format 1 or 2), which this "
+                           f"sflower refuses to load (format {FORMAT}): start the run again")
 
-    Raises:
-        CheckpointError: no such file, not a checkpoint, or another format version.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path} (was the run started with checkpoint-every=N?)")
+
+def _header(path: Path, fh: Any) -> dict[str, Any]:
+    start = fh.read(len(MAGIC))
+    if start != MAGIC:
+        if start[:1] == b"\x80" or start[:4] == b"PK\x03\x04":  # a pickle (protocol 2+), a torch.save zip
+            raise _older(path)
+        raise CheckpointError(f"{path} is not a readable checkpoint (no sflower checkpoint header)")
     try:
-        with open(path, "rb") as fh:
-            payload = pickle.load(fh)
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one-line error
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(err).__name__})") from None
-    if not isinstance(payload, dict) or "meta" not in payload or "state" not in payload:
+    if not isinstance(header, dict) or not isinstance(header.get("meta"), dict):
         raise CheckpointError(f"{path} is not an sflower checkpoint")
-    if payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path} has checkpoint format {payload.get('format')!r}; this sflower reads {FORMAT}")
-    return payload["meta"], payload["state"]
+    if header.get("format") != FORMAT:
+        raise CheckpointError(f"{path} has checkpoint format {header.get('format')!r}; this sflower reads {FORMAT}")
+    return header
+
+
+def _open(path: str | Path) -> tuple[Path, Any]:
+    path = Path(path)
+    if not path.is_file():
+        legacy = path.with_name(LEGACY_CHECKPOINT_FILE)
+        if path.name == CHECKPOINT_FILE and legacy.is_file():
+            raise _older(legacy)
+        raise CheckpointError(f"no checkpoint at {path} (was the run started with checkpoint-every=N?)")
+    try:
+        return path, open(path, "rb")
+    except OSError as err:
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(err).__name__})") from None
+
+
+def read(path: str | Path) -> tuple[dict[str, Any], bytes]:
+    """``(meta, state bytes)`` of a checkpoint file; nothing in it is executed.
+
+    Raises:
+        CheckpointError: no such file, not a checkpoint, another format version (an older pickle
+            checkpoint included: refused without being read).
+    """
+    path, fh = _open(path)
+    with fh:
+        header = _header(path, fh)
+        return header["meta"], fh.read()
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
-    """The ``meta`` part of a checkpoint (see :func:`read`)."""
-    return read(path)[0]
+    """The ``meta`` part of a checkpoint (see :func:`read`), without reading its state."""
+    path, fh = _open(path)
+    with fh:
+        return _header(path, fh)["meta"]
 
 
 def rng_state() -> dict[str, Any]:
@@ -237,15 +281,17 @@ class Checkpointer:
     """A strategy's checkpoints: when one is due, writing one (:func:`save_run`), resuming from one (:func:`load_run`).
 
     The strategy's state (its ``checkpoint_state`` hook, by default every
-    attribute but ``NOT_CHECKPOINTED``) is written in one :func:`torch.save`
-    with the dispatcher's and the clients' state, so shared objects (an
+    attribute but ``NOT_CHECKPOINTED``) is written in one object graph
+    (:func:`dumps`) with the dispatcher's and the clients' state, so shared objects (an
     optimizer's parameters, a request both pending and tagged) stay shared.
     References to the run's environment (the strategy itself, ``cfg``,
     ``task`` and its attributes, clock, timing, recorder, grid) are written by
     name and resolve to the resumed run's objects, which are rebuilt from the
     configuration: a strategy must keep its changing state in its own
-    attributes, not in those objects. A strategy holding something that
-    cannot be pickled overrides ``checkpoint_state`` and ``load_checkpoint_state``.
+    attributes, not in those objects. A strategy holding an object of a type
+    the codec cannot write (:mod:`strategies.core.state_codec`: outside its
+    allowlist of modules) extends the allowlist or overrides
+    ``checkpoint_state`` and ``load_checkpoint_state``.
 
     Args:
         name: the strategy's registry name (a checkpoint of another is refused).

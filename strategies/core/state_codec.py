@@ -1,0 +1,524 @@
+"""A typed object-graph codec that executes nothing on load: JSON for the graph, safetensors for tensor bytes.
+
+:func:`encode` walks the graph :mod:`pickle` would walk (the same
+``__reduce_ex__(4)`` protocol, the same identity memo, so an optimizer's
+state keeps referring to the model's Parameters and views keep sharing
+their storage) and returns ``(graph, blobs)``: ``graph`` is plain JSON,
+``blobs`` maps keys to uint8 tensors (tensor storages and NumPy buffers)
+for one safetensors file. :func:`decode` rebuilds the graph.
+
+JSON values: ``None``, booleans, integers, strings and finite floats stand
+for themselves; anything else is an object with a type tag ``"t"``. Objects
+of classes are rebuilt as pickle's default protocol does (``cls.__new__``,
+then ``__setstate__`` or ``__dict__``), but only for classes of an
+allowlist of modules (:data:`ALLOWED_MODULES`): a class outside it raises
+:class:`CodecError` when writing (so a strategy attribute of a new type is
+caught by the resume tests) and is refused when reading. No callable named
+by the file is ever called, except the constructors of the allowlisted
+classes and a few fixed ones (``torch.Generator``, NumPy's bit generators).
+
+Objects of the run's environment (``env``: name -> object) are written as
+references by name and resolve to the objects ``env`` gives when decoding.
+"""
+
+from __future__ import annotations
+
+import collections
+import copyreg
+import enum
+import importlib
+import math
+import random
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["ALLOWED_MODULES", "CodecError", "encode", "decode"]
+
+
+class CodecError(ValueError):
+    """An object cannot be written, or a graph refers to something it may not (one line)."""
+
+
+#: Modules (and their submodules) whose classes and functions a graph may name.
+ALLOWED_MODULES = ("fl_app", "strategies", "simulation", "torch.nn", "torch.optim", "flwr.common", "flwr.app",
+                   "flwr.serverapp", "flwr.clientapp", "collections", "itertools")
+#: Builtins a graph may name (as values, e.g. a defaultdict's factory).
+_BUILTINS = {n: getattr(__builtins__, n) if not isinstance(__builtins__, dict) else __builtins__[n]
+             for n in ("dict", "list", "set", "frozenset", "tuple", "int", "float", "str", "bytes", "bool", "object")}
+
+
+def _allowed_module(module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in ALLOWED_MODULES)
+
+
+def _name_of(obj: Any) -> str:
+    module = getattr(obj, "__module__", None) or ""
+    qual = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", "")
+    return f"{module}:{qual}"
+
+
+def _global(name: str) -> Any:
+    """The class or function ``module:qualname`` of an allowed module (importing it)."""
+    module, _, qual = name.partition(":")
+    if module == "builtins":
+        if qual not in _BUILTINS:
+            raise CodecError(f"checkpoint names builtins.{qual}, which is not allowed")
+        return _BUILTINS[qual]
+    if not _allowed_module(module) or "<" in qual or not qual:
+        raise CodecError(f"checkpoint names {module}.{qual}, outside the allowed modules")
+    obj: Any = importlib.import_module(module)
+    for part in qual.split("."):
+        if part.startswith("__"):
+            raise CodecError(f"checkpoint names {module}.{qual}, which is not allowed")
+        obj = getattr(obj, part)
+    if not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+        raise CodecError(f"checkpoint names {module}.{qual}, which is not a class or function")
+    return obj
+
+
+def _class(name: str) -> type:
+    cls = _global(name)
+    if not isinstance(cls, type):
+        raise CodecError(f"checkpoint names {name} as a class")
+    return cls
+
+
+class _Encoder:
+    def __init__(self, env: Mapping[str, Any]) -> None:
+        self.env = {id(v): k for k, v in env.items()}
+        self.memo: dict[int, int] = {}
+        self.keep: list[Any] = []  # keeps temporaries alive, so their ids stay unique
+        self.blobs: dict[str, torch.Tensor] = {}
+        self.storages: dict[tuple[str, int, int], str] = {}
+
+    def _blob(self, tensor: torch.Tensor) -> str:
+        key = str(len(self.blobs))
+        self.blobs[key] = tensor
+        return key
+
+    def _new(self, obj: Any, node: dict[str, Any]) -> dict[str, Any]:
+        node["id"] = self.memo[id(obj)] = len(self.memo)
+        self.keep.append(obj)
+        return node
+
+    def enc(self, obj: Any) -> Any:
+        if obj is None or isinstance(obj, (bool, str)) or type(obj) is int:
+            return obj
+        if type(obj) is float:
+            return obj if math.isfinite(obj) else {"t": "float", "v": repr(obj)}
+        name = self.env.get(id(obj))
+        if name is not None:
+            return {"t": "env", "name": name}
+        ref = self.memo.get(id(obj))
+        if ref is not None:
+            return {"t": "ref", "id": ref}
+        return self._compound(obj)
+
+    def _items(self, pairs: Any) -> list[list[Any]]:
+        return [[self.enc(k), self.enc(v)] for k, v in pairs]
+
+    def _compound(self, obj: Any) -> Any:  # noqa: C901 - one branch per type
+        t = type(obj)
+        if t is list:
+            node = self._new(obj, {"t": "list"})
+            node["items"] = [self.enc(v) for v in obj]
+            return node
+        if t is dict:
+            node = self._new(obj, {"t": "dict"})
+            node["items"] = self._items(obj.items())
+            return node
+        if t is tuple:
+            items = [self.enc(v) for v in obj]
+            if id(obj) in self.memo:  # reached through its own items
+                raise CodecError("cannot write a recursive tuple")
+            node = self._new(obj, {"t": "tuple"})
+            node["items"] = items
+            return node
+        if t in (set, frozenset):
+            items = [self.enc(v) for v in obj]
+            node = self._new(obj, {"t": t.__name__})
+            node["items"] = items
+            return node
+        if t is bytes or t is bytearray:
+            blob = torch.frombuffer(bytearray(obj), dtype=torch.uint8) if obj else torch.empty(0, dtype=torch.uint8)
+            return self._new(obj, {"t": t.__name__, "blob": self._blob(blob.clone())})
+        if t is complex:
+            return {"t": "complex", "re": self.enc(obj.real), "im": self.enc(obj.imag)}
+        if t is collections.OrderedDict:
+            node = self._new(obj, {"t": "odict"})
+            node["items"] = self._items(obj.items())
+            return node
+        if t is collections.defaultdict:
+            node = self._new(obj, {"t": "ddict"})
+            node["factory"] = self.enc(obj.default_factory)
+            node["items"] = self._items(obj.items())
+            return node
+        if t is collections.deque:
+            node = self._new(obj, {"t": "deque", "maxlen": obj.maxlen})
+            node["items"] = [self.enc(v) for v in obj]
+            return node
+        if isinstance(obj, torch.Tensor):
+            return self._tensor(obj)
+        if t is torch.dtype:
+            return {"t": "dtype", "v": str(obj).removeprefix("torch.")}
+        if t is torch.device:
+            return {"t": "device", "v": str(obj)}
+        if t is torch.Size:
+            return {"t": "size", "v": list(obj)}
+        if t is torch.Generator:
+            return self._new(obj, {"t": "torch_gen", "device": str(obj.device), "state": self.enc(obj.get_state())})
+        if t is np.ndarray:
+            return self._ndarray(obj)
+        if isinstance(obj, np.generic):
+            return {"t": "np_scalar", "dtype": obj.dtype.str, "v": self.enc(np.array(obj).tobytes())}
+        if t is np.dtype or isinstance(obj, np.dtype):
+            return {"t": "np_dtype", "v": obj.str}
+        if t is np.random.Generator:
+            bg = obj.bit_generator
+            return self._new(obj, {"t": "np_gen", "bitgen": type(bg).__name__, "state": self.enc(bg.state)})
+        if isinstance(obj, np.random.BitGenerator):
+            return self._new(obj, {"t": "np_bitgen", "bitgen": type(obj).__name__, "state": self.enc(obj.state)})
+        if t is np.random.RandomState:
+            return self._new(obj, {"t": "np_rs", "state": self.enc(obj.get_state(legacy=False))})
+        if t is random.Random:
+            return self._new(obj, {"t": "random", "state": self.enc(obj.getstate())})
+        if t is types.MethodType:
+            return {"t": "method", "self": self.enc(obj.__self__), "name": obj.__func__.__name__}
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+            name = _name_of(obj)
+            _global(name)  # refuse now what reading would refuse
+            return {"t": "global", "name": name}
+        if isinstance(obj, enum.Enum):
+            _class(_name_of(t))
+            return {"t": "enum", "cls": _name_of(t), "name": obj.name}
+        return self._object(obj)
+
+    def _tensor(self, obj: torch.Tensor) -> dict[str, Any]:
+        if type(obj) not in (torch.Tensor, torch.nn.Parameter):
+            raise CodecError(f"cannot write a tensor of type {type(obj).__name__}")
+        if obj.layout != torch.strided or obj.is_quantized or obj.device.type == "meta":
+            raise CodecError(f"cannot write a {obj.layout} / quantized / meta tensor")
+        if obj.requires_grad and not obj.is_leaf:
+            raise CodecError("cannot write a non-leaf tensor that requires grad")
+        node = self._new(obj, {"t": "param" if type(obj) is torch.nn.Parameter else "tensor"})
+        storage = obj.untyped_storage()
+        skey = (obj.device.type, obj.device.index or 0, storage.data_ptr(), storage.nbytes())
+        key = self.storages.get(skey)
+        if key is None:
+            raw = torch.empty(0, dtype=torch.uint8, device=obj.device).set_(storage)
+            key = self.storages[skey] = self._blob(raw.detach().cpu().clone())
+        node.update({"storage": key, "device": str(obj.device), "dtype": str(obj.dtype).removeprefix("torch."),
+                     "offset": obj.storage_offset(), "size": list(obj.size()), "stride": list(obj.stride()),
+                     "requires_grad": obj.requires_grad})
+        extra = getattr(obj, "__dict__", None)
+        if extra:
+            node["dict"] = self.enc(dict(extra))
+        return node
+
+    def _ndarray(self, obj: np.ndarray) -> dict[str, Any]:
+        if obj.dtype.hasobject:
+            raise CodecError("cannot write a NumPy array of Python objects")
+        data = np.ascontiguousarray(obj)
+        blob = torch.frombuffer(bytearray(data.tobytes()), dtype=torch.uint8) if data.nbytes else \
+            torch.empty(0, dtype=torch.uint8)
+        return self._new(obj, {"t": "ndarray", "dtype": obj.dtype.str, "shape": list(obj.shape),
+                               "blob": self._blob(blob)})
+
+    def _object(self, obj: Any) -> dict[str, Any]:
+        t = type(obj)
+        module = getattr(t, "__module__", "") or ""
+        if not _allowed_module(module):
+            raise CodecError(f"cannot write an object of type {module}.{t.__qualname__} (outside the allowed "
+                             f"modules of strategies.core.state_codec)")
+        try:
+            rv = obj.__reduce_ex__(4)
+        except Exception as err:  # noqa: BLE001
+            raise CodecError(f"cannot write {module}.{t.__qualname__}: {err}") from None
+        if isinstance(rv, str):
+            return {"t": "global", "name": f"{module}:{rv}"}
+        rv = tuple(rv) + (None,) * (6 - len(rv))
+        func, args, state, listitems, dictitems, setter = rv
+        kwargs: dict[str, Any] = {}
+        if func is copyreg.__newobj__:
+            cls, args = args[0], tuple(args[1:])
+        elif func is copyreg.__newobj_ex__:
+            cls, args, kwargs = args
+        else:
+            raise CodecError(f"cannot write {module}.{t.__qualname__}: it reduces to {_name_of(func)}, "
+                             "not to its class")
+        if setter is not None or not isinstance(cls, type):
+            raise CodecError(f"cannot write {module}.{t.__qualname__}: custom state setter")
+        name = _name_of(cls)
+        _class(name)
+        node = self._new(obj, {"t": "obj", "cls": name})
+        if args:
+            node["args"] = [self.enc(a) for a in args]
+        if kwargs:
+            node["kwargs"] = self._items(kwargs.items())
+        if state is not None:
+            node["state"] = self.enc(state)
+        if listitems is not None:
+            node["list"] = [self.enc(v) for v in listitems]
+        if dictitems is not None:
+            node["dictitems"] = self._items(dictitems)
+        return node
+
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
+class _Decoder:
+    def __init__(self, blobs: Mapping[str, torch.Tensor], env: Mapping[str, Any]) -> None:
+        self.blobs, self.env = blobs, env
+        self.memo: dict[int, Any] = {}
+        self.storages: dict[tuple[str, str], Any] = {}
+
+    def _blob(self, key: Any) -> torch.Tensor:
+        if not isinstance(key, str) or key not in self.blobs:
+            raise CodecError(f"checkpoint refers to a missing tensor {key!r}")
+        return self.blobs[key]
+
+    def _put(self, node: Mapping[str, Any], obj: Any) -> Any:
+        self.memo[node["id"]] = obj
+        return obj
+
+    def dec(self, node: Any) -> Any:
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return node
+        if not isinstance(node, dict) or not isinstance(node.get("t"), str):
+            raise CodecError(f"checkpoint graph holds an unknown value of type {type(node).__name__}")
+        method = getattr(self, "_" + node["t"], None)
+        if method is None:
+            raise CodecError(f"checkpoint graph holds an unknown node type {node['t']!r}")
+        return method(node)
+
+    def _pairs(self, items: Any) -> list[tuple[Any, Any]]:
+        return [(self.dec(k), self.dec(v)) for k, v in items]
+
+    def _float(self, node):
+        if node["v"] not in ("nan", "inf", "-inf"):
+            raise CodecError(f"bad float {node['v']!r}")
+        return float(node["v"])
+
+    def _env(self, node):
+        name = node["name"]
+        if name not in self.env:
+            raise CodecError(f"checkpoint refers to '{name}', which the resumed run does not provide")
+        return self.env[name]
+
+    def _ref(self, node):
+        try:
+            return self.memo[node["id"]]
+        except KeyError:
+            raise CodecError(f"checkpoint graph refers to object {node['id']!r} before defining it") from None
+
+    def _list(self, node):
+        out = self._put(node, [])
+        out.extend(self.dec(v) for v in node["items"])
+        return out
+
+    def _dict(self, node, out=None):
+        out = self._put(node, {} if out is None else out)
+        for k, v in node["items"]:
+            key = self.dec(k)
+            out[key] = self.dec(v)
+        return out
+
+    def _odict(self, node):
+        return self._dict(node, collections.OrderedDict())
+
+    def _ddict(self, node):
+        out = self._put(node, collections.defaultdict())
+        out.default_factory = self.dec(node["factory"])
+        return self._dict(node, out)
+
+    def _deque(self, node):
+        out = self._put(node, collections.deque(maxlen=node["maxlen"]))
+        out.extend(self.dec(v) for v in node["items"])
+        return out
+
+    def _tuple(self, node):
+        return self._put(node, tuple(self.dec(v) for v in node["items"]))
+
+    def _set(self, node):
+        out = self._put(node, set())
+        out.update(self.dec(v) for v in node["items"])
+        return out
+
+    def _frozenset(self, node):
+        return self._put(node, frozenset(self.dec(v) for v in node["items"]))
+
+    def _bytes(self, node):
+        return self._put(node, self._blob(node["blob"]).numpy().tobytes())
+
+    def _bytearray(self, node):
+        return self._put(node, bytearray(self._blob(node["blob"]).numpy().tobytes()))
+
+    def _complex(self, node):
+        return complex(self.dec(node["re"]), self.dec(node["im"]))
+
+    def _dtype(self, node):
+        try:
+            return _DTYPES[node["v"]]
+        except KeyError:
+            raise CodecError(f"unknown torch dtype {node['v']!r}") from None
+
+    def _device(self, node):
+        return torch.device(str(node["v"]))
+
+    def _size(self, node):
+        return torch.Size(int(v) for v in node["v"])
+
+    def _storage(self, key: str, device: str) -> Any:
+        skey = (key, device)
+        if skey not in self.storages:
+            raw = self._blob(key).clone()
+            self.storages[skey] = raw.to(torch.device(device)).untyped_storage()
+        return self.storages[skey]
+
+    def _tensor(self, node):
+        dtype = self._dtype({"v": node["dtype"]})
+        storage = self._storage(node["storage"], str(node["device"]))
+        t = torch.empty(0, dtype=dtype, device=torch.device(str(node["device"])))
+        t.set_(storage, int(node["offset"]), [int(s) for s in node["size"]], [int(s) for s in node["stride"]])
+        if node["t"] == "param":
+            t = torch.nn.Parameter(t, requires_grad=bool(node["requires_grad"]))
+        elif node["requires_grad"]:
+            t.requires_grad_(True)
+        self._put(node, t)
+        if "dict" in node:
+            t.__dict__.update(self.dec(node["dict"]))
+        return t
+
+    _param = _tensor
+
+    def _torch_gen(self, node):
+        g = self._put(node, torch.Generator(device=torch.device(str(node["device"]))))
+        g.set_state(self.dec(node["state"]))
+        return g
+
+    def _ndarray(self, node):
+        dtype = np.dtype(str(node["dtype"]))
+        if dtype.hasobject:
+            raise CodecError("checkpoint holds a NumPy array of Python objects")
+        data = self._blob(node["blob"]).numpy().tobytes()
+        arr = np.frombuffer(data, dtype=dtype).reshape([int(s) for s in node["shape"]]).copy()
+        return self._put(node, arr)
+
+    def _np_scalar(self, node):
+        dtype = np.dtype(str(node["dtype"]))
+        if dtype.hasobject:
+            raise CodecError("checkpoint holds a NumPy object scalar")
+        return np.frombuffer(self.dec(node["v"]), dtype=dtype)[0]
+
+    def _np_dtype(self, node):
+        dtype = np.dtype(str(node["v"]))
+        if dtype.hasobject:
+            raise CodecError("checkpoint holds a NumPy object dtype")
+        return dtype
+
+    def _bitgen_class(self, name: Any) -> type:
+        cls = getattr(np.random, str(name), None)
+        if not (isinstance(cls, type) and issubclass(cls, np.random.BitGenerator)):
+            raise CodecError(f"unknown NumPy bit generator {name!r}")
+        return cls
+
+    def _np_bitgen(self, node):
+        bg = self._put(node, self._bitgen_class(node["bitgen"])())
+        bg.state = self.dec(node["state"])
+        return bg
+
+    def _np_gen(self, node):
+        bg = self._bitgen_class(node["bitgen"])()
+        g = self._put(node, np.random.Generator(bg))
+        bg.state = self.dec(node["state"])
+        return g
+
+    def _np_rs(self, node):
+        rs = self._put(node, np.random.RandomState())
+        rs.set_state(self.dec(node["state"]))
+        return rs
+
+    def _random(self, node):
+        r = self._put(node, random.Random())
+        r.setstate(self.dec(node["state"]))
+        return r
+
+    def _method(self, node):
+        name = node["name"]
+        if not isinstance(name, str) or name.startswith("__"):
+            raise CodecError(f"checkpoint names method {name!r}")
+        obj = self.dec(node["self"])
+        method = getattr(obj, name)
+        if not isinstance(method, types.MethodType):
+            raise CodecError(f"checkpoint names {name!r}, not a method")
+        return method
+
+    def _global(self, node):
+        return _global(str(node["name"]))
+
+    def _enum(self, node):
+        cls = _class(str(node["cls"]))
+        if not issubclass(cls, enum.Enum):
+            raise CodecError(f"{node['cls']} is not an enum")
+        return cls[node["name"]]
+
+    def _obj(self, node):
+        cls = _class(str(node["cls"]))
+        args = [self.dec(a) for a in node.get("args", [])]
+        kwargs = dict(self._pairs(node.get("kwargs", [])))
+        obj = self._put(node, cls.__new__(cls, *args, **kwargs))
+        if "state" in node:
+            state = self.dec(node["state"])
+            setstate = getattr(obj, "__setstate__", None)
+            if setstate is not None:
+                setstate(state)
+            else:
+                slots = None
+                if isinstance(state, tuple) and len(state) == 2:
+                    state, slots = state
+                if state:
+                    obj.__dict__.update(state)
+                for k, v in (slots or {}).items():
+                    setattr(obj, k, v)
+        if "list" in node:
+            items = [self.dec(v) for v in node["list"]]
+            if hasattr(obj, "extend"):
+                obj.extend(items)
+            else:
+                for v in items:
+                    obj.append(v)
+        for k, v in self._pairs(node.get("dictitems", [])):
+            obj[k] = v
+        return obj
+
+
+def encode(obj: Any, env: Mapping[str, Any]) -> tuple[Any, dict[str, torch.Tensor]]:
+    """``obj`` as ``(JSON-able graph, {key: uint8 CPU tensor})``, with ``env``'s objects as references.
+
+    Raises:
+        CodecError: something in ``obj`` is of a type that cannot be written (outside the allowlist).
+    """
+    enc = _Encoder(env)
+    graph = enc.enc(obj)
+    return graph, enc.blobs
+
+
+def decode(graph: Any, blobs: Mapping[str, torch.Tensor], env: Mapping[str, Any]) -> Any:
+    """Inverse of :func:`encode`: references to ``env`` names become the objects ``env`` gives now.
+
+    Raises:
+        CodecError: the graph is malformed, names something outside the allowlist, or refers to a name
+            ``env`` lacks.
+    """
+    try:
+        return _Decoder(blobs, env).dec(graph)
+    except CodecError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as err:
+        raise CodecError(f"malformed checkpoint graph ({type(err).__name__}: {err})") from None
+
