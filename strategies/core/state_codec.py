@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ALLOWED_MODULES", "CodecError", "encode", "decode"]
+__all__ = ["ALLOWED_MODULES", "RECONSTRUCTORS", "CodecError", "encode", "decode"]
 
 
 class CodecError(ValueError):
@@ -46,6 +46,11 @@ class CodecError(ValueError):
 #: Modules (and their submodules) whose classes and functions a graph may name.
 ALLOWED_MODULES = ("fl_app", "strategies", "simulation", "torch.nn", "torch.optim", "flwr.common", "flwr.app",
                    "flwr.serverapp", "flwr.clientapp", "collections", "itertools")
+#: Functions (``module:qualname``) other than a class's ``__new__`` that an allowed class's ``__reduce__`` may
+#: return and that reading therefore calls, with the graph's arguments: each builds a value and nothing else.
+RECONSTRUCTORS = frozenset({
+    "fl_app.protocol.codec:_plain_array",  # DeferredArray pickles as the plain flwr Array of its bytes
+})
 #: Builtins a graph may name (as values, e.g. a defaultdict's factory).
 _BUILTINS = {n: getattr(__builtins__, n) if not isinstance(__builtins__, dict) else __builtins__[n]
              for n in ("dict", "list", "set", "frozenset", "tuple", "int", "float", "str", "bytes", "bool", "object")}
@@ -243,6 +248,13 @@ class _Encoder:
         rv = tuple(rv) + (None,) * (6 - len(rv))
         func, args, state, listitems, dictitems, setter = rv
         kwargs: dict[str, Any] = {}
+        if _name_of(func) in RECONSTRUCTORS:
+            node = self._new(obj, {"t": "call", "func": _name_of(func)})
+            node["args"] = [self.enc(a) for a in args]
+            for key, value in (("state", state), ("list", listitems), ("dictitems", dictitems)):
+                if value is not None:
+                    raise CodecError(f"cannot write {module}.{t.__qualname__}: its reduction has {key}")
+            return node
         if func is copyreg.__newobj__:
             cls, args = args[0], tuple(args[1:])
         elif func is copyreg.__newobj_ex__:
@@ -466,6 +478,13 @@ class _Decoder:
         if not issubclass(cls, enum.Enum):
             raise CodecError(f"{node['cls']} is not an enum")
         return cls[node["name"]]
+
+    def _call(self, node):
+        name = str(node["func"])
+        if name not in RECONSTRUCTORS:
+            raise CodecError(f"checkpoint calls {name}, which is not an allowed reconstructor")
+        func = _global(name)
+        return self._put(node, func(*[self.dec(a) for a in node["args"]]))
 
     def _obj(self, node):
         cls = _class(str(node["cls"]))
