@@ -12,15 +12,20 @@ checkpoint).
 from __future__ import annotations
 
 import csv
+import json
 import os
 import pickle
+import re
 import signal
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import safetensors.torch
+import torch
 
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
@@ -29,6 +34,7 @@ from simulation.server_app import plan_run
 from simulation import cli
 from simulation.engine import run_inprocess
 from strategies.core import checkpoint as ckpt
+from strategies.core import state_codec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -156,11 +162,16 @@ def test_bad_resume_input_is_one_line_error(tmp_path, capsys):
     assert "in-process engine" in capsys.readouterr().err
     assert cli.main(["run", "engine=ray", "checkpoint-every=2"]) == 2
     capsys.readouterr()
-    with open(empty / ckpt.CHECKPOINT_FILE, "wb") as fh:  # an earlier layout (before issue 22's collaborators)
-        pickle.dump({"format": ckpt.FORMAT - 1, "meta": {}, "state": b""}, fh)
+    header = json.dumps({"format": ckpt.FORMAT - 1, "meta": {}}).encode()  # this layout, another version
+    (empty / ckpt.CHECKPOINT_FILE).write_bytes(ckpt.MAGIC + struct.pack("<Q", len(header)) + header)
     assert cli.main(["run", f"resume={empty}"]) == 2
     err = capsys.readouterr().err
     assert f"checkpoint format {ckpt.FORMAT - 1}; this sflower reads {ckpt.FORMAT}" in err and err.count("\n") == 1
+    with open(empty / ckpt.CHECKPOINT_FILE, "wb") as fh:  # a pickle of format 2 (before issue 37)
+        pickle.dump({"format": 2, "meta": {}, "state": b""}, fh)
+    assert cli.main(["run", f"resume={empty}"]) == 2
+    err = capsys.readouterr().err
+    assert "older sflower" in err and err.count("\n") == 1
     with pytest.raises(ConfigError):
         RunConfig.from_mapping({"checkpoint-every": -1})
 
@@ -170,11 +181,10 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     path = tmp_path / ckpt.CHECKPOINT_FILE
     ckpt.write(path, {"global_iteration": 3}, b"state-3")
 
-    def broken_dump(obj, fh, protocol=None):
-        fh.write(b"half a checkpoint")
+    def broken_fsync(fd):  # the new file is half written when this fails
         raise OSError("disk full")
 
-    monkeypatch.setattr(ckpt.pickle, "dump", broken_dump)
+    monkeypatch.setattr(ckpt.os, "fsync", broken_fsync)
     with pytest.raises(OSError):
         ckpt.write(path, {"global_iteration": 6}, b"state-6")
     monkeypatch.undo()
@@ -195,5 +205,106 @@ def test_checkpoint_older_than_a_key_resumes(tmp_path, monkeypatch):
     for key in ("init-seed", "tracker", "client-momentum"):
         del meta["config"][key]
     ckpt.write(path, meta, state)
-    assert cli.main(["run", "-q", f"resume={run_dir}"]) == 0
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("a checkpoint was unpickled")
+
+    with monkeypatch.context() as m:  # loading never unpickles (issue 37)
+        for name in ("load", "loads", "Unpickler"):
+            m.setattr(pickle, name, no_unpickling)
+        m.setattr(torch, "load", no_unpickling)
+        assert cli.main(["run", "-q", f"resume={run_dir}"]) == 0
     _same_metrics(run_dir / "metrics.csv", _reference(tmp_path, cfg))
+
+
+class _Evil:
+    """Unpickled, creates ``marker``: what a planted checkpoint could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_planted_pickle_cannot_run_code_on_resume(tmp_path, capsys):
+    """A malicious pickle as the run's checkpoint (new name or old) is refused with one line and never loaded."""
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(_Evil(marker))
+    pickle.loads(payload).close()  # the payload works ...
+    assert marker.exists()
+    marker.unlink()
+    for name in (ckpt.CHECKPOINT_FILE, ckpt.LEGACY_CHECKPOINT_FILE):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / name).write_bytes(payload)
+        assert cli.main(["run", f"resume={run_dir}"]) == 2
+        err = capsys.readouterr().err
+        assert "older sflower" in err and err.count("\n") == 1
+        assert not marker.exists()  # ... but not on resume
+
+
+def _state_bytes(graph, tensors=None) -> bytes:
+    return safetensors.torch.save(tensors or {}, metadata={"graph": json.dumps(graph)})
+
+
+@pytest.mark.parametrize("graph", [
+    {"t": "obj", "id": 0, "cls": "builtins:open", "args": ["MARKER", "w"]},
+    {"t": "obj", "id": 0, "cls": "os:system", "args": ["touch MARKER"]},
+    {"t": "call", "id": 0, "func": "builtins:open", "args": ["MARKER", "w"]},
+    {"t": "call", "id": 0, "func": "subprocess:call", "args": [["touch", "MARKER"]]},
+    {"t": "global", "name": "os:system"},
+    {"t": "global", "name": "strategies.core.checkpoint:os.system"},
+    {"t": "method", "self": {"t": "env", "name": "x"}, "name": "__class__"},
+    {"t": "pickle", "data": "gARLAS4="},
+])
+def test_a_crafted_graph_cannot_call_outside_the_allowlist(tmp_path, graph):
+    """A format-3 state naming functions outside the allowlist is refused with a CheckpointError."""
+    marker = tmp_path / "pwned"
+    graph = json.loads(json.dumps(graph).replace("MARKER", str(marker)))
+    with pytest.raises(ckpt.CheckpointError):
+        ckpt.loads(_state_bytes(graph), {"x": object()})
+    assert not marker.exists()
+
+
+def test_no_pickle_in_the_checkpoint_path():
+    """The checkpoint modules neither import pickle nor call torch.load."""
+    for module in (ckpt, state_codec):
+        source = Path(module.__file__).read_text()
+        assert "import pickle" not in source and "Unpickler" not in source
+        assert not re.search(r"(?<!safetensors\.)torch\.load\(", source)
+
+
+class _NotAllowed:
+    pass
+
+
+def test_codec_keeps_sharing_and_refuses_unknown_types_when_writing():
+    """Round trip: an optimizer keeps the model's Parameters, views share their storage, special floats
+    survive; an object of a class outside the allowlist is refused when writing."""
+    import collections
+    import random
+
+    import numpy as np
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    base = torch.arange(6.0)
+    state = {"model": model, "opt": opt, "base": base, "view": base[1:4], 1: (float("nan"), float("-inf"), -0.0),
+             "np": np.random.default_rng(3), "random": random.Random(4), "dq": collections.deque([1], maxlen=3),
+             "dd": collections.defaultdict(list, {(1, 2): [3]}), "bytes": b"\x00\x80", "gen": torch.Generator()}
+    out = ckpt.loads(ckpt.dumps(state, {}), {})
+    params = list(out["model"].parameters())
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), params))
+    assert out["opt"].param_groups[0]["params"][0] is params[0] and params[0] in out["opt"].state
+    out["base"][2] = 100.0
+    assert out["view"][1] == 100.0
+    assert str(out[1]) == "(nan, -inf, -0.0)"
+    assert out["np"].random() == np.random.default_rng(3).random()
+    assert out["random"].random() == random.Random(4).random()
+    assert out["dq"].maxlen == 3 and out["dd"][(1, 2)] == [3] and out["dd"].default_factory is list
+    assert out["bytes"] == b"\x00\x80" and torch.equal(out["gen"].get_state(), torch.Generator().get_state())
+    with pytest.raises(ckpt.CheckpointError, match="_NotAllowed"):
+        ckpt.dumps({"x": _NotAllowed()}, {})

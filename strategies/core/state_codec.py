@@ -80,8 +80,8 @@ def _global(name: str) -> Any:
         if part.startswith("__"):
             raise CodecError(f"checkpoint names {module}.{qual}, which is not allowed")
         obj = getattr(obj, part)
-    if not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
-        raise CodecError(f"checkpoint names {module}.{qual}, which is not a class or function")
+    if not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) or _name_of(obj) != name:
+        raise CodecError(f"checkpoint names {module}.{qual}, which is not a class or function defined there")
     return obj
 
 
@@ -280,6 +280,11 @@ class _Encoder:
         return node
 
 
+#: The node types a graph may hold (each a ``_<type>`` method of the decoder).
+_NODE_TYPES = frozenset({"float", "env", "ref", "list", "dict", "odict", "ddict", "deque", "tuple", "set", "frozenset",
+                         "bytes", "bytearray", "complex", "dtype", "device", "size", "tensor", "param", "torch_gen",
+                         "ndarray", "np_scalar", "np_dtype", "np_bitgen", "np_gen", "np_rs", "random", "method",
+                         "global", "enum", "call", "obj"})
 _DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 
 
@@ -303,7 +308,7 @@ class _Decoder:
             return node
         if not isinstance(node, dict) or not isinstance(node.get("t"), str):
             raise CodecError(f"checkpoint graph holds an unknown value of type {type(node).__name__}")
-        method = getattr(self, "_" + node["t"], None)
+        method = getattr(self, "_" + node["t"], None) if node["t"] in _NODE_TYPES else None
         if method is None:
             raise CodecError(f"checkpoint graph holds an unknown node type {node['t']!r}")
         return method(node)
@@ -538,6 +543,6 @@ def decode(graph: Any, blobs: Mapping[str, torch.Tensor], env: Mapping[str, Any]
         return _Decoder(blobs, env).dec(graph)
     except CodecError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as err:
+    except Exception as err:  # noqa: BLE001 - a malformed graph (KeyError, TypeError, RecursionError, ...)
         raise CodecError(f"malformed checkpoint graph ({type(err).__name__}: {err})") from None
 
