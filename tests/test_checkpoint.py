@@ -245,7 +245,8 @@ def test_planted_pickle_cannot_run_code_on_resume(tmp_path, capsys):
 
 
 def _state_bytes(graph, tensors=None) -> bytes:
-    return safetensors.torch.save(tensors or {}, metadata={"graph": json.dumps(graph)})
+    text = json.dumps(graph).encode()
+    return struct.pack("<Q", len(text)) + text + safetensors.torch.save(tensors or {})
 
 
 @pytest.mark.parametrize("graph", [

@@ -9,9 +9,9 @@ one. Loading it executes nothing: no pickle anywhere (issue 37). It holds
   header: ``format`` (:data:`FORMAT`) and ``meta``, plain JSON values
   (strategy, the whole run configuration, the global iteration, the number
   of metric rows written), readable without the task by :func:`read_meta`;
-* ``state``: the server state as one safetensors blob (:func:`dumps`): the
-  tensor storages and NumPy buffers as uint8 tensors, and in its metadata
-  the object graph as typed JSON (:mod:`strategies.core.state_codec`):
+* ``state``: the server state (:func:`dumps`): the object graph as typed
+  JSON (:mod:`strategies.core.state_codec`), then one safetensors blob of
+  the tensor storages and NumPy buffers (uint8 tensors):
   the strategy's attributes, the dispatcher's pending work, the clock, the
   RNG states and the engine's client state (see :meth:`Checkpointer.write`).
   Shared objects stay shared (an optimizer's state keys are the model's
@@ -73,8 +73,10 @@ class CheckpointError(ConfigError):
 
 
 def dumps(obj: Any, env: Mapping[str, Any]) -> bytes:
-    """``obj`` as safetensors bytes (its tensors, and its object graph as JSON in the metadata under
-    ``graph``), with the objects of ``env`` (name -> object) as references.
+    """``obj`` as bytes, with the objects of ``env`` (name -> object) as references: the length of its
+    object graph's JSON (8 bytes, little-endian), the JSON (:func:`state_codec.encode
+    <strategies.core.state_codec.encode>`), then one safetensors blob of its tensor and array bytes. (The
+    graph is not in the safetensors metadata, whose header safetensors limits to 100 MB.)
 
     Raises:
         CheckpointError: something in ``obj`` is of a type the codec cannot write (one line).
@@ -83,35 +85,24 @@ def dumps(obj: Any, env: Mapping[str, Any]) -> bytes:
         graph, blobs = state_codec.encode(obj, env)
     except state_codec.CodecError as err:
         raise CheckpointError(f"cannot write a checkpoint: {err}") from None
-    return safetensors.torch.save(blobs, metadata={"graph": json.dumps(graph, allow_nan=False)})
-
-
-def _safetensors_metadata(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` of safetensors bytes (its JSON header)."""
-    if len(data) < 8:
-        raise ValueError("too short")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > len(data) - 8:
-        raise ValueError("truncated header")
-    header = json.loads(data[8:8 + n])
-    if not isinstance(header, dict):
-        raise ValueError("bad header")
-    metadata = header.get("__metadata__") or {}
-    if not isinstance(metadata, dict):
-        raise ValueError("bad metadata")
-    return metadata
+    text = json.dumps(graph, allow_nan=False, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(text)) + text + safetensors.torch.save(blobs)
 
 
 def loads(data: bytes, env: Mapping[str, Any]) -> Any:
-    """Inverse of :func:`dumps`: references to ``env`` names become the objects ``env`` gives now.
+    """Inverse of :func:`dumps`: references to ``env`` names become the objects ``env`` gives now. Nothing
+    named by the data is executed but the constructors the codec allows.
 
     Raises:
         CheckpointError: unreadable bytes, a referenced name not in ``env``, or a graph naming something
             outside the codec's allowlist.
     """
     try:
-        graph = json.loads(_safetensors_metadata(data)["graph"])
-        blobs = safetensors.torch.load(data)
+        (n,) = struct.unpack("<Q", data[:8])
+        if n > len(data) - 8:
+            raise ValueError("truncated graph")
+        graph = json.loads(data[8:8 + n])
+        blobs = safetensors.torch.load(data[8 + n:])
     except Exception as err:  # noqa: BLE001 - any unreadable state gets the same one-line error
         raise CheckpointError(f"the checkpoint's state is unreadable ({type(err).__name__})") from None
     try:
