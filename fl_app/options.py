@@ -242,7 +242,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("min-clients", 0, "deployment: start with the nodes present after `join-timeout` if they are at least this many (0 "
            "= all `num-clients` are needed)", at_least=0),
     Option("join-timeout", 0.0, "deployment: seconds to wait for nodes to join (0 = `node-timeout`)", at_least=0),
-    Option("checkpoint-every", 0, "write the server and client state to `RUN_DIR/checkpoint.pt` every N global iterations (0 = "
+    Option("checkpoint-every", 0, "write the server and client state to `RUN_DIR/checkpoint.sfl` every N global iterations (0 = "
            "off); `sflower run resume=RUN_DIR` continues from it (in-process engine); see \"Checkpoint and "
            "resume\"", at_least=0),
     Option("output-dir", "", "run directory"),

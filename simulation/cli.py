@@ -36,7 +36,7 @@ def _split_engine(pairs: dict[str, str]) -> tuple[str, dict[str, str]]:
 def cmd_run(args: argparse.Namespace) -> int:
     """``sflower run``: plan (validate everything), then run on the chosen engine.
 
-    ``resume=RUN_DIR`` continues a killed run from ``RUN_DIR/checkpoint.pt``
+    ``resume=RUN_DIR`` continues a killed run from ``RUN_DIR/checkpoint.sfl``
     (written with ``checkpoint-every=N``) with the checkpoint's configuration;
     keys given beside it must equal the checkpoint's, except
     ``checkpoint-every``. Checkpoints and resume need the in-process engine.

@@ -107,7 +107,7 @@ def recorded_config(cfg: RunConfig) -> dict[str, Any]:
 def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str, Any]:
     """Run the planned strategy on ``grid``; write the outputs; return the summary.
 
-    With ``checkpoint-every`` > 0 the strategy writes ``out_dir/checkpoint.pt``;
+    With ``checkpoint-every`` > 0 the strategy writes ``out_dir/checkpoint.sfl``;
     with ``plan.resume_from`` it continues from that checkpoint. The run
     directory also gets ``partition.png`` (the clients' label histograms),
     the trained model (``model.safetensors``, :mod:`simulation.outputs.saved_model`) and

@@ -23,6 +23,7 @@ references by name and resolve to the objects ``env`` gives when decoding.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import copyreg
 import enum
@@ -52,8 +53,8 @@ RECONSTRUCTORS = frozenset({
     "fl_app.protocol.codec:_plain_array",  # DeferredArray pickles as the plain flwr Array of its bytes
 })
 #: Builtins a graph may name (as values, e.g. a defaultdict's factory).
-_BUILTINS = {n: getattr(__builtins__, n) if not isinstance(__builtins__, dict) else __builtins__[n]
-             for n in ("dict", "list", "set", "frozenset", "tuple", "int", "float", "str", "bytes", "bool", "object")}
+_BUILTINS = {n: getattr(builtins, n) for n in ("dict", "list", "set", "frozenset", "tuple", "int", "float", "str",
+                                                 "bytes", "bool", "object")}
 
 
 def _allowed_module(module: str) -> bool:
@@ -111,7 +112,7 @@ class _Encoder:
         return node
 
     def enc(self, obj: Any) -> Any:
-        if obj is None or isinstance(obj, (bool, str)) or type(obj) is int:
+        if obj is None or type(obj) in (bool, str, int):  # not their subclasses (an enum.StrEnum member)
             return obj
         if type(obj) is float:
             return obj if math.isfinite(obj) else {"t": "float", "v": repr(obj)}
