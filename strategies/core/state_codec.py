@@ -14,8 +14,12 @@ then ``__setstate__`` or ``__dict__``), but only for classes of an
 allowlist of modules (:data:`ALLOWED_MODULES`): a class outside it raises
 :class:`CodecError` when writing (so a strategy attribute of a new type is
 caught by the resume tests) and is refused when reading. No callable named
-by the file is ever called, except the constructors of the allowlisted
-classes and a few fixed ones (``torch.Generator``, NumPy's bit generators).
+by the file is ever called but ``__new__`` and ``__setstate__`` of the
+allowlisted classes, the few functions of :data:`RECONSTRUCTORS` and fixed
+constructors (``torch.Generator``, NumPy's bit generators); functions may be
+held as values only when listed in :data:`FUNCTIONS`. What remains trusted
+is the code of the allowlisted classes: the file chooses their attribute
+values (as any data file chooses the values it holds).
 
 Objects of the run's environment (``env``: name -> object) are written as
 references by name and resolve to the objects ``env`` gives when decoding.
@@ -37,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ALLOWED_MODULES", "RECONSTRUCTORS", "CodecError", "encode", "decode"]
+__all__ = ["ALLOWED_MODULES", "RECONSTRUCTORS", "FUNCTIONS", "CodecError", "encode", "decode"]
 
 
 class CodecError(ValueError):
@@ -52,6 +56,10 @@ ALLOWED_MODULES = ("fl_app", "strategies", "simulation", "torch.nn", "torch.opti
 RECONSTRUCTORS = frozenset({
     "fl_app.protocol.codec:_plain_array",  # DeferredArray pickles as the plain flwr Array of its bytes
 })
+#: Functions (``module:qualname``) a graph may hold as values (an attribute or a hook holding a function):
+#: classes of the allowed modules may be named, functions only when listed here, since they may be called
+#: later with the run's data.
+FUNCTIONS: frozenset[str] = frozenset()
 #: Builtins a graph may name (as values, e.g. a defaultdict's factory).
 _BUILTINS = {n: getattr(builtins, n) for n in ("dict", "list", "set", "frozenset", "tuple", "int", "float", "str",
                                                  "bytes", "bool", "object")}
@@ -83,6 +91,8 @@ def _global(name: str) -> Any:
         obj = getattr(obj, part)
     if not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) or _name_of(obj) != name:
         raise CodecError(f"checkpoint names {module}.{qual}, which is not a class or function defined there")
+    if not isinstance(obj, type) and name not in RECONSTRUCTORS | FUNCTIONS:
+        raise CodecError(f"checkpoint names the function {module}.{qual}, which is not in the codec's FUNCTIONS")
     return obj
 
 
