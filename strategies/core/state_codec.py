@@ -50,7 +50,7 @@ class CodecError(ValueError):
 
 #: Modules (and their submodules) whose classes and functions a graph may name.
 ALLOWED_MODULES = ("fl_app", "strategies", "simulation", "torch.nn", "torch.optim", "flwr.common", "flwr.app",
-                   "flwr.serverapp", "flwr.clientapp", "collections", "itertools")
+                   "collections")
 #: Functions (``module:qualname``) other than a class's ``__new__`` that an allowed class's ``__reduce__`` may
 #: return and that reading therefore calls, with the graph's arguments: each builds a value and nothing else.
 RECONSTRUCTORS = frozenset({
@@ -59,7 +59,10 @@ RECONSTRUCTORS = frozenset({
 #: Functions (``module:qualname``) a graph may hold as values (an attribute or a hook holding a function):
 #: classes of the allowed modules may be named, functions only when listed here, since they may be called
 #: later with the run's data.
-FUNCTIONS: frozenset[str] = frozenset()
+FUNCTIONS: frozenset[str] = frozenset(
+    # Flower's record dicts hold their key and value checks (flwr.app.message.typeddict.TypedDict)
+    f"flwr.app.message.{module}:{check}" for module in ("arrayrecord", "configrecord", "metricrecord", "recorddict")
+    for check in ("_check_key", "_check_value"))
 #: Builtins a graph may name (as values, e.g. a defaultdict's factory).
 _BUILTINS = {n: getattr(builtins, n) for n in ("dict", "list", "set", "frozenset", "tuple", "int", "float", "str",
                                                  "bytes", "bool", "object")}
