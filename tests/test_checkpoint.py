@@ -34,7 +34,7 @@ from simulation.server_app import plan_run
 from simulation import cli
 from simulation.engine import run_inprocess
 from strategies.core import checkpoint as ckpt
-from strategies.core import state_codec
+from strategies.core import state_codec, state_decoder
 from strategies.core.registry import strategy_names
 
 REPO = Path(__file__).resolve().parents[1]
@@ -271,7 +271,7 @@ def test_a_crafted_graph_cannot_call_outside_the_allowlist(tmp_path, graph):
 
 def test_no_pickle_in_the_checkpoint_path():
     """The checkpoint modules neither import pickle nor call torch.load."""
-    for module in (ckpt, state_codec):
+    for module in (ckpt, state_codec, state_decoder):
         source = Path(module.__file__).read_text()
         assert "import pickle" not in source and "Unpickler" not in source
         assert not re.search(r"(?<!safetensors\.)torch\.load\(", source)

@@ -49,6 +49,7 @@ import torch
 
 from fl_app.errors import ConfigError
 from strategies.core import state_codec
+from strategies.core.state_decoder import decode
 
 log = logging.getLogger("sflower")
 
@@ -106,7 +107,7 @@ def loads(data: bytes, env: Mapping[str, Any]) -> Any:
     except Exception as err:  # noqa: BLE001 - any unreadable state gets the same one-line error
         raise CheckpointError(f"the checkpoint's state is unreadable ({type(err).__name__})") from None
     try:
-        return state_codec.decode(graph, blobs, env)
+        return decode(graph, blobs, env)
     except state_codec.CodecError as err:
         raise CheckpointError(f"cannot load the checkpoint: {err}") from None
 
