@@ -3,7 +3,7 @@
 A checkpoint is one file, ``RUN_DIR/checkpoint.sfl``, written atomically (a
 temporary file in the same directory, flushed and fsynced, then
 :func:`os.replace`), so a run killed while writing one keeps the previous
-one. Loading it executes nothing: no pickle anywhere (issue 37). It holds
+one. Loading it executes nothing: no pickle anywhere. It holds
 
 * a magic line (:data:`MAGIC`), then the length of a JSON header and the
   header: ``format`` (:data:`FORMAT`) and ``meta``, plain JSON values
@@ -59,7 +59,7 @@ CHECKPOINT_FILE = "checkpoint.sfl"
 LEGACY_CHECKPOINT_FILE = "checkpoint.pt"
 #: Version of the file layout; a file of another version is refused. 2: the strategy's state holds its
 #: collaborators (membership, exchange, metric log, checkpointer; issue 22) where 1 held their attributes.
-#: 3: JSON + safetensors instead of a pickle (issue 37).
+#: 3: JSON + safetensors instead of a pickle.
 FORMAT = 3
 #: The first bytes of a checkpoint file.
 MAGIC = b"SFLOWER-CHECKPOINT\n"
