@@ -13,6 +13,7 @@ concern:
 :mod:`fl_app.client.split_handlers`    ``train.forward``, ``train.backward``, ``train.step``
 :mod:`fl_app.client.zo_handlers`       ``train.zo_forward``, ``train.zo_update`` (MU-SplitFed)
 :mod:`fl_app.client.fl_handlers`       ``train.fit`` (FL baselines) and ``evaluate``
+:mod:`fl_app.client.checkpoint`        ``query.checkpoint``, ``query.restore``: the node's whole state
 :mod:`fl_app.session.client`           ``query.session``: a session's requests, through this app
 =====================================  ==========================================================
 """
@@ -23,6 +24,7 @@ import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fl_app.client.checkpoint import query_checkpoint, query_restore
 from fl_app.client.fl_handlers import evaluate, train_fit
 from fl_app.client.node import query_info
 from fl_app.client.split_handlers import train_backward, train_forward, train_step
@@ -56,6 +58,8 @@ app.train("zo_forward")(train_zo_forward)
 app.train("zo_update")(train_zo_update)
 app.train("fit")(train_fit)
 app.evaluate()(evaluate)
+app.query("checkpoint")(query_checkpoint)
+app.query("restore")(query_restore)
 
 
 @app.query("session")

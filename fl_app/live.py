@@ -347,6 +347,15 @@ def live_cache(state: RecordDict, register: bool = True) -> LiveCache | None:
     return None
 
 
+def forget(state: RecordDict) -> None:
+    """Drop the live cache of the node whose ``context.state`` is ``state`` (its records are about to be replaced
+    wholesale, e.g. by a resume); the next message registers the state again, as a new one."""
+    with _LOCK:
+        entry = _LIVE.get(id(state))
+        if entry is not None and entry[0]() is state:
+            del _LIVE[id(state)]
+
+
 def _forget(key: int, ref: weakref.ref) -> None:
     with _LOCK:
         entry = _LIVE.get(key)

@@ -243,8 +243,12 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "= all `num-clients` are needed)", at_least=0),
     Option("join-timeout", 0.0, "deployment: seconds to wait for nodes to join (0 = `node-timeout`)", at_least=0),
     Option("checkpoint-every", 0, "write the server and client state to `RUN_DIR/checkpoint.sfl` every N global iterations (0 = "
-           "off); `sflower run resume=RUN_DIR` continues from it (in-process engine); see \"Checkpoint and "
-           "resume\"", at_least=0),
+           "off); `resume=RUN_DIR` continues from it, on every engine; see \"Checkpoint and resume\"", at_least=0),
+    Option("resume", "", "a run directory whose `checkpoint.sfl` the run continues from, with its configuration (then give "
+           "only `checkpoint-every`); `sflower run resume=RUN_DIR`, `flwr run . --run-config \"resume='RUN_DIR'\"`"),
+    Option("node-loss", "exclude", "what a run does when a client's node is lost (its SuperNode or session gone): `exclude` "
+           "the client, or `rollback`: wait for the node to come back, then go on from the last checkpoint (needs "
+           "`checkpoint-every`), so that a virtual-clock run's numbers do not change", choices=("exclude", "rollback")),
     Option("output-dir", "", "run directory"),
     Option("tracker", "none", "experiment trackers, offline, inside the run directory: `tensorboard`, `mlflow`, `wandb`, or "
            "several comma-separated (`tensorboard,mlflow`); each needs its extra (see \"Experiment trackers\")"),

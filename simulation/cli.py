@@ -61,35 +61,18 @@ def _run(args: argparse.Namespace) -> int:
     """:func:`cmd_run` after its first line."""
     from pathlib import Path
 
-    from simulation.server_app import plan_run
+    from simulation.server_app import plan_run, resume_pairs
     from simulation.engine import run_inprocess
     from simulation.ray_engine import pop_engine_options, run_ray
     from strategies.core import checkpoint as ckpt
-    from strategies.core.base import CHECKPOINT_UNSUPPORTED, DivergedError, RunFailedError
+    from strategies.core.base import DivergedError, RunFailedError
 
     engine, pairs = _split_engine(parse_key_values(args.pairs))
     engine_options = pop_engine_options(engine, pairs)  # ray-address, ray-cpus, ray-gpus
     resume = pairs.pop("resume", None)
     if resume is not None:
-        if engine != "inprocess":
-            raise ConfigError(CHECKPOINT_UNSUPPORTED)
-        if not resume:
-            raise ConfigError("resume needs a run directory: resume=RUN_DIR")
-        run_dir = Path(resume)
-        if not run_dir.is_dir():
-            raise ConfigError(f"resume={resume}: no such run directory")
-        saved = dict(ckpt.read_meta(run_dir / ckpt.CHECKPOINT_FILE)["config"])
-        given = RunConfig.from_mapping({**saved, **pairs}).as_dict()
-        for key in (k.replace("_", "-") for k in pairs):
-            if key == "output-dir" and Path(str(given[key])).resolve() == run_dir.resolve():
-                continue
-            if key != "checkpoint-every" and given[key] != saved.get(key):
-                raise ConfigError(f"resume: {key}={pairs.get(key, pairs.get(key.replace('-', '_')))} differs from "
-                                  f"the checkpoint's {key}={saved.get(key)!r} (give only checkpoint-every, or nothing)")
-        pairs = {**saved, "checkpoint-every": given["checkpoint-every"], "output-dir": str(run_dir)}
+        pairs = resume_pairs(resume, pairs)
     cfg = RunConfig.from_mapping(pairs)
-    if engine != "inprocess" and cfg.checkpoint_every:
-        raise ConfigError(CHECKPOINT_UNSUPPORTED)
     plan = plan_run(cfg)
     if resume is not None:
         plan.resume_from = Path(resume) / ckpt.CHECKPOINT_FILE

@@ -118,27 +118,6 @@ class InProcessGrid(Grid):
         """Replies available for ``message_ids`` (each returned once)."""
         return [self._replies.pop(m) for m in list(message_ids) if m in self._replies]
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        """The clients' side of a checkpoint: every node's ``context.state`` (its models, optimizer state,
-        RNG state and batch) and the replies not yet pulled (messages are executed when pushed, so
-        nothing else is in flight). A node's live cache (:mod:`fl_app.live`) is not saved: a resumed node
-        rebuilds its models from the state, as every node does under Ray."""
-        return {"states": {nid: ctx.state for nid, ctx in self.contexts.items()},
-                "replies": dict(self._replies), "client_seconds": self.client_seconds}
-
-    def restore_checkpoint_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`checkpoint_state` (node ids follow the seed, so they must match).
-
-        Raises:
-            ValueError: the checkpoint's node ids are not this grid's.
-        """
-        if set(state["states"]) != set(self.contexts):
-            raise ValueError("the checkpoint's node ids differ from this grid's (another seed or num-clients)")
-        for nid, node_state in state["states"].items():
-            self.contexts[nid].state = node_state
-        self._replies = dict(state["replies"])
-        self.client_seconds = float(state["client_seconds"])
-
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         """Push and pull at once (everything is synchronous here)."""
         return self.pull_messages(self.push_messages(messages))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from flwr.app import Context
@@ -31,8 +32,7 @@ from simulation.timing.clocks import VirtualClock, WallClock
 from simulation.timing.devices import draw_profiles
 from simulation.timing.durations import DeviceTiming, ZeroTiming
 from simulation.outputs.trackers import TrackingContext, check_trackers, open_trackers
-from strategies.core.base import CHECKPOINT_UNSUPPORTED
-from strategies.core.checkpoint import CHECKPOINT_FILE
+from strategies.core.checkpoint import CHECKPOINT_FILE, RESUMABLE_KEYS, read_meta
 from strategies.core.registry import get_strategy
 
 log = logging.getLogger("sflower")
@@ -92,6 +92,33 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     return RunPlan(cfg, task, strategy_cls, profiles, out)
 
 
+def resume_pairs(resume: str, pairs: Mapping[str, Any]) -> dict[str, Any]:
+    """The run configuration of ``resume=RUN_DIR``: the checkpoint's (``RUN_DIR/checkpoint.sfl``), with
+    ``output-dir`` = ``RUN_DIR`` and the keys a resumed run may change (:data:`~strategies.core.checkpoint.RESUMABLE_KEYS`:
+    ``checkpoint-every``, the session endpoint's) taken from ``pairs``, the keys given with it.
+
+    Raises:
+        ConfigError: no run directory or no checkpoint in it, or a key of ``pairs`` that differs from the
+            checkpoint's and may not (one line).
+    """
+    if not resume:
+        raise ConfigError("resume needs a run directory: resume=RUN_DIR")
+    run_dir = Path(resume)
+    if not run_dir.is_dir():
+        raise ConfigError(f"resume={resume}: no such run directory")
+    saved = dict(read_meta(run_dir / CHECKPOINT_FILE)["config"])
+    pairs = {k.replace("_", "-"): v for k, v in pairs.items() if k != "resume"}
+    given = RunConfig.from_mapping({**saved, **pairs}).as_dict()
+    for key in pairs:
+        if key == "output-dir" and Path(str(given[key])).resolve() == run_dir.resolve():
+            continue
+        if key not in RESUMABLE_KEYS and given[key] != saved.get(key):
+            raise ConfigError(f"resume: {key}={pairs[key]} differs from the checkpoint's {key}={saved.get(key)!r} "
+                              f"(give only {', '.join(sorted(RESUMABLE_KEYS - {'output-dir', 'resume'}))}, or nothing)")
+    changed = {k: given[k] for k in pairs if k in RESUMABLE_KEYS}
+    return {**saved, **changed, "resume": "", "output-dir": str(run_dir)}
+
+
 #: Run-config keys that name files of the ServerApp's machine holding TLS material: ``config.json`` says
 #: only whether they were given.
 TLS_FILE_KEYS = ("session-certificate", "session-key", "session-ca")
@@ -114,12 +141,9 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     the ``tracker`` key's logs (:mod:`simulation.outputs.trackers`).
 
     Raises:
-        ConfigError: checkpoints or resume asked for on a grid that cannot
-            save its clients' state (Ray, deployment), or an unusable checkpoint.
+        ConfigError: an unusable checkpoint.
     """
     cfg = plan.cfg
-    if (cfg.checkpoint_every or plan.resume_from is not None) and not hasattr(grid, "checkpoint_state"):
-        raise ConfigError(CHECKPOINT_UNSUPPORTED)
     if cfg.clock == "virtual":
         clock, timing = VirtualClock(), DeviceTiming(plan.profiles, cfg.seed, cfg.straggler_rate)
     else:
@@ -161,6 +185,14 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
 app = ServerApp()
 
 
+def override_config(grid: Grid) -> dict[str, Any]:
+    """The keys the user gave ``flwr run`` (Flower's override config; empty where the grid has no run)."""
+    try:
+        return dict(grid.run.override_config)
+    except (AttributeError, TypeError, RuntimeError):  # a grid without a run (tests, other engines)
+        return {}
+
+
 def user_keys(grid: Grid) -> set[str] | None:
     """The keys the user gave ``flwr run`` (Flower's override config), where they name a preset.
 
@@ -171,10 +203,7 @@ def user_keys(grid: Grid) -> set[str] | None:
     empty or was applied already (``sflower deploy`` and the Ray engine pass
     resolved configurations).
     """
-    try:
-        override = dict(grid.run.override_config)
-    except (AttributeError, TypeError, RuntimeError):  # a grid without a run (tests, other engines)
-        return None
+    override = override_config(grid)
     return set(override) if "preset" in override else None
 
 
@@ -192,9 +221,12 @@ def main(grid: Grid, context: Context) -> None:
         log.setLevel(logging.INFO)
         log.propagate = False
     try:
-        plan = plan_run(RunConfig.from_mapping(context.run_config, given=user_keys(grid)))
-        if plan.cfg.checkpoint_every:  # the clients' state lives on the nodes here
-            raise ConfigError(CHECKPOINT_UNSUPPORTED)
+        resume = str(context.run_config.get("resume", "") or "")
+        if resume:  # the checkpoint's configuration, with the keys the user gave that a resume may change
+            plan = plan_run(RunConfig.from_mapping(resume_pairs(resume, override_config(grid))))
+            plan.resume_from = Path(resume) / CHECKPOINT_FILE
+        else:
+            plan = plan_run(RunConfig.from_mapping(context.run_config, given=user_keys(grid)))
     except ConfigError as err:
         log.error("sflower: %s", err)
         raise SystemExit(2) from None

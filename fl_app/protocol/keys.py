@@ -43,9 +43,13 @@ TRAIN_FIT = "train.fit"
 TRAIN_ZO_FORWARD = "train.zo_forward"
 TRAIN_ZO_UPDATE = "train.zo_update"
 EVALUATE = "evaluate"
+#: The node's whole ``context.state`` as the reply's records, for a checkpoint (:mod:`fl_app.client.checkpoint`).
+QUERY_CHECKPOINT = "query.checkpoint"
+#: Replace the node's whole ``context.state`` with the request's records (a resume); the reply is an ``info`` ack.
+QUERY_RESTORE = "query.restore"
 
 ACTIONS = (QUERY_INFO, TRAIN_FORWARD, TRAIN_BACKWARD, TRAIN_STEP, TRAIN_FIT, TRAIN_ZO_FORWARD, TRAIN_ZO_UPDATE,
-           EVALUATE)
+           EVALUATE, QUERY_CHECKPOINT, QUERY_RESTORE)
 
 # --- record keys ---------------------------------------------------------------
 TASK = "task"

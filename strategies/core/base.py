@@ -82,7 +82,7 @@ from strategies.core import checkpoint as ckpt
 from strategies.core import metrics
 from strategies.core import progress as progress_bar
 from strategies.core.aggregation import ModelAggregation
-from strategies.core.checkpoint import CHECKPOINT_UNSUPPORTED, Checkpointer
+from strategies.core.checkpoint import Checkpointer
 from strategies.core.clock import Clock, Timing
 from strategies.core.dispatcher import Dispatcher, Pending, Reply, Request
 from strategies.core.errors import DivergedError, RunFailedError, check_loss
@@ -94,7 +94,7 @@ from strategies.core.requests import RequestBuilder
 from strategies.core.validation import ReplyChecker, ReplyProblem
 
 #: Names other modules import from here.
-__all__ = ["CHECKPOINT_UNSUPPORTED", "STREAM_SELECTION", "ClientInfo", "DivergedError", "RunFailedError",
+__all__ = ["STREAM_SELECTION", "ClientInfo", "DivergedError", "RunFailedError",
            "SFLStrategy"]
 
 log = logging.getLogger("sflower")
@@ -148,7 +148,9 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         self._bar: Any = None
         #: when and where checkpoints are written, and the resume (:class:`~strategies.core.checkpoint.Checkpointer`)
         self.checkpoints = Checkpointer(self.name, self.checkpoint_state, self.load_checkpoint_state,
-                                        self._environment, self._new_dispatcher)
+                                        self._environment, self._new_dispatcher, self._live_nodes,
+                                        lambda grid: self.membership.reconnect(grid, self.cfg, self.cfg.node_timeout),
+                                        cfg.node_timeout)
         self._run_start = 0.0
 
     @classmethod
@@ -215,7 +217,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
                     self.metric_log.eval_seconds = 0.0  # count only the evaluations inside run()
                 self._run_start = time.perf_counter() - self.run_seconds
                 try:
-                    self.run()
+                    self._run_rolling_back(grid)
                 finally:
                     self.run_seconds = time.perf_counter() - self._run_start
             self.status = "completed"
@@ -228,6 +230,20 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
             if self.recorder is not None:
                 self.recorder.finish(self.summary_dict())
         return self.metric_log.result(P.state_record(self.global_model().state_dict()))
+
+    def _run_rolling_back(self, grid: Grid) -> None:
+        """:meth:`run`; with ``node-loss=rollback``, a lost node sends the run back to its last checkpoint
+        (:meth:`Checkpointer.run <strategies.core.checkpoint.Checkpointer.run>`)."""
+        self.exchange.roll_back = self.cfg.node_loss == "rollback"
+
+        def roll_back(path: Path) -> None:
+            self.dispatcher.drain(self.cfg.node_timeout)  # the other nodes finish what they were sent
+            on_reply = self.exchange.on_reply
+            self.restore_checkpoint(grid, path)
+            self.exchange.roll_back, self.exchange.on_reply = True, on_reply
+            self._run_start = time.perf_counter() - self.run_seconds
+
+        self.checkpoints.run(self.run, roll_back)
 
     # ------------------------------------------------------------------ hooks
     def initialize(self) -> None:
@@ -283,6 +299,10 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         """A dispatcher on ``grid`` for the registered clients' nodes."""
         return Dispatcher(grid, self.clock, {p: c.node_id for p, c in self.clients.items()},
                           timeout=self.cfg.node_timeout)
+
+    def _live_nodes(self) -> dict[int, int]:
+        """Partition id -> node id of the live clients."""
+        return {p: self.clients[p].node_id for p in self.live_clients()}
 
     def readmit(self) -> list[int]:
         """Re-admit excluded clients whose SuperNode came back (:meth:`~strategies.core.exchange.Exchange.readmit`)."""
@@ -415,7 +435,8 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
     def summary_dict(self) -> dict[str, Any]:
         """The summary.json content (:meth:`MetricLog.summary <strategies.core.metrics.MetricLog.summary>`)."""
         waited = self.dispatcher.seconds if self.dispatcher else 0.0
-        return self.metric_log.summary(self.name, self.status, self.counters(), self.membership.summary(),
+        clients = {**self.membership.summary(), "rollbacks": self.checkpoints.rollbacks}
+        return self.metric_log.summary(self.name, self.status, self.counters(), clients,
                                        metrics.server_compute_seconds(self.run_seconds, waited,
                                                                       self.metric_log.eval_seconds))
 

@@ -13,7 +13,8 @@ one. Loading it executes nothing: no pickle anywhere. It holds
   JSON (:mod:`strategies.core.state_codec`), then one safetensors blob of
   the tensor storages and NumPy buffers (uint8 tensors):
   the strategy's attributes, the dispatcher's pending work, the clock, the
-  RNG states and the engine's client state (see :meth:`Checkpointer.write`).
+  RNG states and every live client's ``context.state``, fetched from its node
+  (:mod:`strategies.core.client_states`; see :meth:`Checkpointer.write`).
   Shared objects stay shared (an optimizer's state keys are the model's
   Parameters), views keep sharing their storage.
 
@@ -48,7 +49,8 @@ import safetensors.torch
 import torch
 
 from fl_app.errors import ConfigError
-from strategies.core import state_codec
+from strategies.core import client_states, state_codec
+from strategies.core.errors import NodeLostError, RunFailedError
 from strategies.core.state_decoder import decode
 
 log = logging.getLogger("sflower")
@@ -59,14 +61,15 @@ CHECKPOINT_FILE = "checkpoint.sfl"
 LEGACY_CHECKPOINT_FILE = "checkpoint.pt"
 #: Version of the file layout; a file of another version is refused. 2: the strategy's state holds its
 #: collaborators (membership, exchange, metric log, checkpointer; issue 22) where 1 held their attributes.
-#: 3: JSON + safetensors instead of a pickle.
-FORMAT = 3
+#: 3: JSON + safetensors instead of a pickle. 4: the clients' states by partition, fetched with ``query.checkpoint`` on
+#: every engine, where 3 held the in-process grid's node states.
+FORMAT = 4
 #: The first bytes of a checkpoint file.
 MAGIC = b"SFLOWER-CHECKPOINT\n"
 
-__all__ = ["CHECKPOINT_FILE", "CHECKPOINT_UNSUPPORTED", "FORMAT", "LEGACY_CHECKPOINT_FILE", "MAGIC",
+__all__ = ["CHECKPOINT_FILE", "FORMAT", "LEGACY_CHECKPOINT_FILE", "MAGIC",
            "CheckpointError", "dumps", "loads", "write", "read", "read_meta", "rng_state", "set_rng_state",
-           "environment", "save_run", "load_run", "Checkpointer"]
+           "environment", "save_run", "load_run", "RESUMABLE_KEYS", "Checkpointer"]
 
 
 class CheckpointError(ConfigError):
@@ -206,11 +209,6 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     random.setstate(state["python"])
 
 
-#: Why checkpoints need the in-process engine (one line, for errors).
-CHECKPOINT_UNSUPPORTED = ("checkpoint-every and resume need the in-process engine (engine=inprocess): under Ray "
-                          "and in deployment the clients' state lives on the nodes, out of the server's reach")
-
-
 def environment(named: Mapping[str, Any], task: Any) -> dict[str, Any]:
     """The run's objects that a checkpoint refers to by name instead of writing them: ``named``
     (name -> object; None values left out) and the task's non-scalar attributes as ``task.<name>``."""
@@ -220,33 +218,31 @@ def environment(named: Mapping[str, Any], task: Any) -> dict[str, Any]:
     return {k: v for k, v in env.items() if v is not None}
 
 
-def save_run(path: str | Path, grid: Any, strategy: Any, dispatcher: Any, clock: float, seconds: tuple[float, float],
-             env: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
-    """Write a run's checkpoint: the strategy's state, the dispatcher's, the grid's client state, the clock,
-    the process RNG states and the ``(wall, run)`` seconds so far, with ``env``'s objects as references
+def save_run(path: str | Path, clients: Mapping[int, Any], strategy: Any, dispatcher: Any, clock: float,
+             seconds: tuple[float, float], env: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
+    """Write a run's checkpoint: the strategy's state, the dispatcher's, the clients' states (``clients``:
+    partition id -> the node's ``context.state`` records, :func:`strategies.core.client_states.fetch`), the
+    clock, the process RNG states and the ``(wall, run)`` seconds so far, with ``env``'s objects as references
     (:func:`dumps`, :func:`write`).
 
     Raises:
-        CheckpointError: the grid cannot save its clients' state (Ray, deployment).
+        CheckpointError: something is of a type the codec cannot write, or ``meta`` is not plain JSON.
     """
-    if not hasattr(grid, "checkpoint_state"):
-        raise CheckpointError(CHECKPOINT_UNSUPPORTED)
-    state = {"strategy": strategy, "dispatcher": dispatcher, "grid": grid.checkpoint_state(), "clock": clock,
+    state = {"strategy": strategy, "dispatcher": dispatcher, "clients": dict(clients), "clock": clock,
              "rng": rng_state(), "wall_s": seconds[0], "run_s": seconds[1]}
     write(path, meta, dumps(state, env))
 
 
-def load_run(path: str | Path, name: str, config: Mapping[str, Any], grid: Any,
-             env: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """Read a checkpoint of strategy ``name`` and run configuration ``config`` and restore the grid's
-    client state; the saved state (see :func:`save_run`).
+def load_run(path: str | Path, name: str, config: Mapping[str, Any], env: Mapping[str, Any],
+             defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Read a checkpoint of strategy ``name`` and run configuration ``config``: the saved state (see
+    :func:`save_run`).
 
     A key newer than the checkpoint had its default (in ``defaults``) then; ``checkpoint-every`` and
     ``output-dir`` may differ.
 
     Raises:
-        CheckpointError: unreadable file, another strategy or configuration, or a grid that cannot
-            restore client state.
+        CheckpointError: unreadable file, another strategy or configuration.
     """
     meta, data = read(path)
     if meta.get("strategy") != name:
@@ -254,19 +250,18 @@ def load_run(path: str | Path, name: str, config: Mapping[str, Any], grid: Any,
     mine, theirs = dict(config), dict(meta.get("config", {}))
     theirs = {**{k: v for k, v in defaults.items() if k in mine}, **theirs}
     diff = sorted(k for k in set(mine) | set(theirs)
-                  if k not in ("checkpoint-every", "output-dir") and mine.get(k) != theirs.get(k))
+                  if k not in RESUMABLE_KEYS and mine.get(k) != theirs.get(k))
     if diff:
         k = diff[0]
         raise CheckpointError(f"configuration differs from the checkpoint's: {k}={mine.get(k)!r} "
                               f"(checkpoint: {theirs.get(k)!r})" + (f" and {len(diff) - 1} more" if len(diff) > 1 else ""))
-    if not hasattr(grid, "restore_checkpoint_state"):
-        raise CheckpointError(CHECKPOINT_UNSUPPORTED)
-    state = loads(data, env)
-    try:
-        grid.restore_checkpoint_state(state["grid"])
-    except ValueError as err:
-        raise CheckpointError(f"{path}: {err}") from None
-    return state
+    return loads(data, env)
+
+
+#: Run-config keys a resumed run may change: where and how often it checkpoints, what it resumes from, and
+#: the session endpoint of a restarted deployment's ServerApp (its address and TLS files are the new process's).
+RESUMABLE_KEYS = frozenset({"checkpoint-every", "output-dir", "resume", "session-address", "session-certificate",
+                            "session-key", "session-ca"})
 
 
 class Checkpointer:
@@ -291,12 +286,19 @@ class Checkpointer:
         load_state: ``(dict) -> None``, restores it (its ``load_checkpoint_state`` hook).
         env: ``(grid) -> {name: object}``, the run's objects written by name (:func:`environment`).
         new_dispatcher: ``(grid) -> Dispatcher`` for the registered clients, made after ``load_state``.
+        live_nodes: ``() -> {partition id: node id}`` of the live clients, whose states a checkpoint holds.
+        reconnect: ``(grid) -> {partition id: node id}``, a resume's handshake with the live clients' nodes
+            (:meth:`~strategies.core.membership.Membership.reconnect`), after ``load_state``.
+        timeout: wall seconds a node has to answer (``node-timeout``).
     """
 
     def __init__(self, name: str, state: Callable[[], dict[str, Any]], load_state: Callable[[dict[str, Any]], None],
-                 env: Callable[[Any], dict[str, Any]], new_dispatcher: Callable[[Any], Any]) -> None:
+                 env: Callable[[Any], dict[str, Any]], new_dispatcher: Callable[[Any], Any],
+                 live_nodes: Callable[[], dict[int, int]], reconnect: Callable[[Any], dict[int, int]],
+                 timeout: float) -> None:
         self.name, self.state, self.load_state, self.env = name, state, load_state, env
-        self.new_dispatcher = new_dispatcher
+        self.new_dispatcher, self.live_nodes, self.reconnect = new_dispatcher, live_nodes, reconnect
+        self.timeout = timeout
         #: where checkpoints are written (set by the runner when ``checkpoint-every`` > 0)
         self.path: Path | None = None
         #: the checkpoint the run resumes from instead of starting afresh (set by the runner)
@@ -305,46 +307,93 @@ class Checkpointer:
         self.last = 0
         #: whether the run resumed from a checkpoint
         self.resumed = False
+        #: times the run went back to its last checkpoint after a lost node (``node-loss=rollback``)
+        self.rollbacks = 0
 
     def due(self, every: int, global_iteration: int) -> bool:
         """Whether ``every`` (``checkpoint-every``; 0: never) global iterations have passed since the last
         checkpoint and the runner gave a :attr:`path`."""
         return bool(every) and self.path is not None and global_iteration >= self.last + every
 
-    def write(self, path: str | Path, dispatcher: Any, meta: Mapping[str, Any], seconds: tuple[float, float]) -> None:
-        """Write the server state to ``path`` (atomically, :func:`save_run`): ``state()``, the dispatcher's
-        pending work, the engine's client state, the clock, the RNG states and the ``(wall, run)`` seconds.
+    def write(self, path: str | Path, dispatcher: Any, meta: Mapping[str, Any], seconds: tuple[float, float]) -> bool:
+        """Write the run's state to ``path`` (atomically, :func:`save_run`): ``state()``, the dispatcher's
+        pending work, every live client's ``context.state``, the clock, the RNG states and the ``(wall, run)``
+        seconds.
 
-        ``meta`` holds ``strategy``, ``config``, ``global_iteration``, ``rows`` and ``virtual_time_s``.
+        The dispatcher is drained first (:meth:`~strategies.core.dispatcher.Dispatcher.drain`: nothing on the
+        wire), the clients' states are fetched (:func:`strategies.core.client_states.fetch`), and delivery
+        resumes once the file is written. ``meta`` holds ``strategy``, ``config``, ``global_iteration``,
+        ``rows`` and ``virtual_time_s``.
+
+        Returns:
+            False (a warning says why) when a node did not answer or failed: no checkpoint this time.
 
         Raises:
-            CheckpointError: the grid cannot save its clients' state (Ray, deployment).
+            CheckpointError: something in the state is of a type the codec cannot write.
         """
-        grid = dispatcher.grid
-        if not hasattr(grid, "checkpoint_state"):
-            raise CheckpointError(CHECKPOINT_UNSUPPORTED)
-        self.last = meta["global_iteration"]
-        save_run(path, grid, self.state(), dispatcher.state_dict(), meta["virtual_time_s"], seconds, self.env(grid),
-                 meta)
+        try:
+            if not dispatcher.drain(self.timeout):
+                log.warning("no checkpoint at global iteration %d: a node did not answer within %g s",
+                            meta["global_iteration"], self.timeout)
+                return False
+            try:
+                clients = client_states.fetch(dispatcher.grid, self.live_nodes(), self.timeout)
+            except RunFailedError as err:
+                log.warning("no checkpoint at global iteration %d: %s", meta["global_iteration"], err)
+                return False
+            self.last = meta["global_iteration"]
+            save_run(path, clients, self.state(), dispatcher.state_dict(), meta["virtual_time_s"], seconds,
+                     self.env(dispatcher.grid), meta)
+        finally:
+            dispatcher.release()
         log.info("checkpoint at global iteration %d -> %s", meta["global_iteration"], path)
+        return True
+
+    def run(self, run: Callable[[], None], roll_back: Callable[[Path], None]) -> None:
+        """``run()``; where it raises :class:`~strategies.core.errors.NodeLostError` (``node-loss=rollback``),
+        ``roll_back(path)`` restores the last checkpoint (the strategy's :meth:`restore`, which waits for the
+        lost node and restores every client's state) and ``run()`` goes on from there: on the virtual clock the
+        numbers are those of a run that lost nothing.
+
+        Raises:
+            RunFailedError: a node was lost before the first checkpoint.
+        """
+        while True:
+            try:
+                run()
+                return
+            except NodeLostError as err:
+                if self.path is None or not Path(self.path).is_file():
+                    raise RunFailedError(f"{err}; no checkpoint to roll back to yet") from None
+                log.warning("%s: rolling back to the checkpoint of global iteration %d once the node is back",
+                            err, self.last)
+                roll_back(Path(self.path))
+                self.rollbacks += 1
 
     def restore(self, grid: Any, path: str | Path, config: Mapping[str, Any], defaults: Mapping[str, Any],
                 clock: Any) -> tuple[Any, float, float]:
-        """Restore the strategy (``load_state``), the clients' state on ``grid``, the pending work (a new
-        dispatcher on ``grid``), ``clock`` and the RNG states from the checkpoint at ``path``.
+        """Restore the strategy (``load_state``), find the live clients' nodes (``reconnect``) and restore their
+        states (:func:`strategies.core.client_states.push`), then ``clock``, the RNG states and the pending
+        work (a new dispatcher on ``grid``, which delivers the queued requests) from the checkpoint at ``path``.
 
         Returns:
             ``(dispatcher, wall seconds, run seconds)`` so far.
 
         Raises:
-            CheckpointError: unreadable file, another strategy or configuration (``checkpoint-every`` and
-                ``output-dir`` may differ), or a grid that cannot restore client state (:func:`load_run`).
+            CheckpointError: unreadable file, another strategy or configuration (:data:`RESUMABLE_KEYS` may
+                differ; :func:`load_run`).
+            RunFailedError: a live client's node is not there or holds other data, or a node failed to restore.
         """
-        state = load_run(path, self.name, config, grid, self.env(grid), defaults)
+        state = load_run(path, self.name, config, self.env(grid), defaults)
         self.load_state(state["strategy"])
-        dispatcher = self.new_dispatcher(grid)
-        dispatcher.load_state_dict(state["dispatcher"])
+        node_of = self.reconnect(grid)
+        client_states.push(grid, node_of, {p: state["clients"][p] for p in node_of}, self.timeout)
         clock.resume_at(float(state["clock"]))
         set_rng_state(state["rng"])
+        dispatcher = self.new_dispatcher(grid)
+        try:
+            dispatcher.load_state_dict(state["dispatcher"])
+        except ValueError as err:
+            raise CheckpointError(f"{path}: {err}") from None
         self.resumed = True
         return dispatcher, float(state["wall_s"]), float(state["run_s"])

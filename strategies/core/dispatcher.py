@@ -183,6 +183,8 @@ class Dispatcher:
         self.exchanges = 0
         #: wall seconds spent pushing and waiting (client compute included in-process)
         self.seconds = 0.0
+        #: while True (a checkpoint or resume, :meth:`drain`), nothing new is delivered
+        self.held = False
 
     # ------------------------------------------------------------------ state
     def busy(self, partition_id: int) -> bool:
@@ -217,13 +219,41 @@ class Dispatcher:
         return {"seq": nxt, **{k: getattr(self, k) for k in self._STATE}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`. The timeout of a delivered message counts from now."""
+        """Restore :meth:`state_dict` (written after a :meth:`drain`: nothing on the wire) and deliver the
+        queued requests.
+
+        Raises:
+            ValueError: the state has requests on the wire (a checkpoint not written after a drain).
+        """
+        if state["_wire"]:
+            raise ValueError("the checkpoint has messages on the wire, which no node will answer now")
         self._seq = itertools.count(int(state["seq"]))
         for k in self._STATE:
             setattr(self, k, state[k])
-        now = time.monotonic()
-        for pending in self._wire.values():
-            pending.wall_sent = now
+        self.release()
+
+    def drain(self, timeout: float) -> bool:
+        """Deliver nothing new and wait for every message on the wire to be answered (the replies wait, in
+        order, to be handled), so each node's state is whole: for a checkpoint. Then :meth:`release`.
+
+        Returns:
+            False when a node did not answer within ``timeout`` wall seconds (its message is still on the wire).
+        """
+        self.held = True
+        end = time.monotonic() + timeout
+        t0 = time.perf_counter()
+        while self._wire and time.monotonic() < end:
+            self._pull()
+            if self._wire:
+                time.sleep(self.poll_interval)
+        self.seconds += time.perf_counter() - t0
+        return not self._wire
+
+    def release(self) -> None:
+        """Deliver again after :meth:`drain`: each node's next queued request goes out."""
+        self.held = False
+        for partition_id in list(self._outbox):
+            self._deliver(partition_id)
 
     # ------------------------------------------------------------------ sending
     def send(self, partition_id: int, request: Request, duration: float) -> Pending:
@@ -249,8 +279,8 @@ class Dispatcher:
         return pending
 
     def _deliver(self, partition_id: int) -> None:
-        """Push the node's next queued request if nothing is on the wire to it."""
-        if partition_id in self._wire or not self._outbox[partition_id]:
+        """Push the node's next queued request if nothing is on the wire to it (and not :attr:`held`)."""
+        if self.held or partition_id in self._wire or not self._outbox[partition_id]:
             return
         pending = self._outbox[partition_id].popleft()
         request = pending.request

@@ -20,6 +20,19 @@ class RunFailedError(RuntimeError):
     """The run cannot go on (no live clients, handshake failure)."""
 
 
+class NodeLostError(RunFailedError):
+    """A client's node is gone (:data:`NODE_UNAVAILABLE`) in a run with ``node-loss=rollback``: the run goes back
+    to its last checkpoint instead of excluding the client.
+
+    Attributes:
+        partition_id: the client whose node was lost.
+    """
+
+    def __init__(self, partition_id: int, reason: str) -> None:
+        super().__init__(f"client {partition_id}'s node was lost ({reason})")
+        self.partition_id = partition_id
+
+
 def check_loss(loss: torch.Tensor, where: str) -> None:
     """Raise :class:`DivergedError` when a training loss (any shape) is not finite; ``where`` names the step."""
     if not torch.isfinite(loss).all():

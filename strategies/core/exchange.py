@@ -25,7 +25,9 @@ from fl_app.config import RunConfig
 from fl_app.link import LinkCodecs, decode
 from strategies.core.clock import Clock, Timing
 from strategies.core.dispatcher import SCHEDULED, Dispatcher, Pending, Reply, Request
-from strategies.core.membership import Membership, _last_line
+from strategies.core.client_states import last_line as _last_line
+from strategies.core.membership import Membership
+from strategies.core.errors import NODE_UNAVAILABLE, NodeLostError
 from strategies.core.validation import ReplyProblem
 
 log = logging.getLogger("sflower")
@@ -67,6 +69,8 @@ class Exchange:
         self.on_reply: Callable[[int], None] | None = None
         #: the run's codecs at the cut (:mod:`fl_app.link`); None: float32 both ways, nothing encoded
         self.links: LinkCodecs | None = None
+        #: ``node-loss=rollback``: a client whose node is lost raises :class:`NodeLostError` instead of being excluded
+        self.roll_back = False
 
     def __getstate__(self) -> dict[str, Any]:
         """A checkpoint saves the dispatcher by its own ``state_dict``; the resumed run makes a new one (and
@@ -132,6 +136,8 @@ class Exchange:
         from :meth:`exclude`.
 
         Raises:
+            NodeLostError: with :attr:`roll_back`, a client's node is lost (the reason holds
+                :data:`~strategies.core.errors.NODE_UNAVAILABLE`).
             DivergedError: the last live client was excluded and every
                 exclusion was for non-finite values.
             RunFailedError: the last live client was excluded otherwise.
@@ -149,6 +155,8 @@ class Exchange:
         pid = pending.partition_id
         if reply is None or reply.has_error():
             reason = "timed out" if reply is None else _last_line(reply.error.reason)
+            if self.roll_back and NODE_UNAVAILABLE in reason.lower():
+                raise NodeLostError(pid, reason)
             log.warning("client %d failed on %s (%s); excluded from the run", pid, pending.action, reason)
             return self.exclude(pending, reason, False)
         content = reply.content

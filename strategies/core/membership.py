@@ -23,6 +23,7 @@ from flwr.serverapp import Grid
 
 from fl_app import protocol as P
 from fl_app.config import RunConfig
+from strategies.core.client_states import last_line as _last_line, round_trip
 from strategies.core.errors import NODE_UNAVAILABLE, DivergedError, RunFailedError
 
 log = logging.getLogger("sflower")
@@ -163,19 +164,7 @@ class Membership:
                 record, or not all answered by ``t0 + timeout`` (monotonic s).
         """
         msgs = [Message(content, nid, P.QUERY_INFO) for nid, content in contents.items()]
-        ids = set(grid.push_messages(msgs))
-        if meanwhile is not None:
-            meanwhile()
-        replies: list[Message] = []
-        while ids:
-            got = list(grid.pull_messages(list(ids)))
-            for r in got:
-                ids.discard(r.metadata.reply_to_message_id)
-            replies.extend(got)
-            if ids and time.monotonic() - t0 > timeout:  # a reply that has arrived is never late
-                raise RunFailedError(f"{len(ids)} nodes did not answer the handshake within {timeout:g} s")
-            if ids:
-                time.sleep(0.01)
+        replies = round_trip(grid, msgs, t0 + timeout, f"the handshake within {timeout:g} s", meanwhile)
         out = []
         for reply in replies:
             nid = reply.metadata.src_node_id
@@ -265,6 +254,35 @@ class Membership:
             log.warning("client %d is back (node %d): re-admitted after a fresh handshake", pid, nid)
         return back
 
+    def reconnect(self, grid: Grid, cfg: RunConfig, timeout: float) -> dict[int, int]:
+        """A resume's handshake: find the nodes of the live clients again (their node ids may have changed:
+        a new Ray run, restarted SuperNodes) and point the clients at them.
+
+        It is :meth:`connect`'s handshake on a fresh membership, waiting for at
+        least as many nodes as there are live clients; each live client's
+        partition must come back with the same example count and label
+        histogram as the checkpoint's. Excluded clients stay excluded.
+
+        Returns:
+            partition id -> node id of the live clients.
+
+        Raises:
+            RunFailedError: too few nodes, a failed handshake, or a live partition that no node holds now or
+                that holds other data (one line).
+        """
+        live = self.live_clients()
+        fresh = Membership(0, self.num_classes)
+        fresh.connect(grid, cfg.replace(min_clients=len(live), join_timeout=cfg.join_timeout or timeout), timeout)
+        for pid in live:
+            old, new = self.clients[pid], fresh.clients.get(pid)
+            if new is None:
+                raise RunFailedError(f"resume: no node holds partition {pid} now")
+            if new.num_examples != old.num_examples or not np.array_equal(new.label_histogram, old.label_histogram):
+                raise RunFailedError(f"resume: node {new.node_id} holds other data for partition {pid} than the "
+                                     f"checkpoint's ({new.num_examples} examples, not {old.num_examples})")
+            old.node_id = new.node_id
+        return {pid: self.clients[pid].node_id for pid in live}
+
     # ------------------------------------------------------------------ selection and exclusion
     def live_clients(self) -> list[int]:
         """Partition ids not excluded after a failure, ascending."""
@@ -333,9 +351,3 @@ class Membership:
         return {"failed_clients": sorted(self.failed),
                 "failure_reasons": {str(p): self.failure_reasons[p] for p in sorted(self.failure_reasons)},
                 "client_examples": {str(p): self.clients[p].num_examples for p in sorted(self.clients)}}
-
-
-def _last_line(text: str) -> str:
-    """The last non-empty line of an error reason (a traceback's final line)."""
-    lines = [line for line in str(text).strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "(no reason given)"
