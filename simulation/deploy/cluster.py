@@ -120,6 +120,19 @@ class Deployment:
                     found.append(int(entry.name))
         return found
 
+    def serverapp_pids(self) -> list[int]:
+        """The ServerApp processes our SuperLink started (detached; ``flwr-serverapp`` in their command line)."""
+        mark = f"127.0.0.1:{self.port}"
+        out = []
+        for pid in self._detached():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "serverapp" in cmd and mark in cmd:
+                out.append(pid)
+        return out
+
     def env(self, home: Path | None = None) -> dict[str, str]:
         """The environment of a Flower process: offline settings and its own ``FLWR_HOME``."""
         env = {**os.environ, **OFFLINE_ENV, "FLWR_HOME": str(home or self.home), "PYTHONUNBUFFERED": "1"}
@@ -215,8 +228,9 @@ class Deployment:
         return spec.proc
 
     def run_app(self, run_config: Mapping[str, Any], app_dir: Path = APP_DIR,
-                federation_config: str | None = None) -> Proc:
-        """``flwr run APP sflower-deploy --run-config RUN_DIR/run-config.toml --stream`` in the background.
+                federation_config: str | None = None, name: str = "flwr-run") -> Proc:
+        """``flwr run APP sflower-deploy --run-config RUN_DIR/NAME.toml --stream`` in the background (its log:
+        ``logs/NAME.log``; a second ``flwr run``, e.g. a resume, takes another ``name``).
 
         ``federation_config`` (e.g. ``"num-supernodes=2"``) is passed as
         ``--federation-config`` (a simulation SuperLink's federation).
@@ -226,10 +240,10 @@ class Deployment:
         """
         import tomli_w
 
-        path = self.run_dir / "run-config.toml"
+        path = self.run_dir / ("run-config.toml" if name == "flwr-run" else f"{name}.toml")
         path.write_text(tomli_w.dumps(dict(run_config)))
         argv = [flower_exe("flwr"), "run", str(app_dir), CONNECTION, "--run-config", str(path), "--stream"]
         if federation_config:
             argv += ["--federation-config", federation_config]
-        return self.processes.start("flwr-run", argv, self.logs / "flwr-run.log", self.env(), cwd=app_dir)
+        return self.processes.start(name, argv, self.logs / f"{name}.log", self.env(), cwd=app_dir)
 

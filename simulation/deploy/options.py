@@ -29,6 +29,9 @@ DEPLOY_DEFAULTS: dict[str, Any] = {
     "kill-node": -1,       # partition id of a node to SIGKILL mid-run (-1: none)
     "kill-after": 5.0,     # s after the first metric row of a trained model (global iteration >= 1)
     "restart-after": 0.0,  # s after the kill to start the node again (0: never)
+    "chaos": 0,            # SuperNode kills at random points, each node restarted (simulation.deploy.faults)
+    "chaos-seed": 0,       # seeds which nodes chaos kills, and when
+    "kill-server-after": 0.0,  # s after the first trained row to SIGKILL the ServerApp and resume it (0: never)
 }
 
 
@@ -91,6 +94,10 @@ def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
     cfg = RunConfig.from_mapping(run_pairs)
     if cfg.num_clients < nodes + intruders:
         raise ConfigError(f"num-clients={cfg.num_clients} is below nodes + intruders = {nodes + intruders}")
+    if (opts["chaos"] or opts["kill-server-after"] > 0) and not cfg.checkpoint_every:
+        raise ConfigError("chaos and kill-server-after need checkpoint-every=N: the run resumes from its checkpoint")
+    if opts["chaos"] < 0 or opts["kill-server-after"] < 0 or opts["restart-after"] < 0:
+        raise ConfigError("chaos, kill-server-after and restart-after must be >= 0")
     if not -1 <= opts["kill-node"] < nodes:
         raise ConfigError(f"kill-node must be a node's partition id 0..{nodes - 1} (or -1), got {opts['kill-node']}")
     return DeployOptions(opts, run_pairs, cfg)

@@ -150,6 +150,12 @@ class Processes:
         except subprocess.TimeoutExpired:
             pass
 
+    @staticmethod
+    def kill_pid(pid: int, sig: int = signal.SIGKILL) -> None:
+        """Signal a process we did not start (e.g. the detached ServerApp) and every descendant of it."""
+        for target in _descendants([pid]) | {pid}:
+            send_signal(target, sig)
+
     def stop_all(self, grace: float = 5.0, extra: Sequence[int] = ()) -> None:
         """SIGTERM every process, its group and its descendants; SIGKILL what is left after ``grace`` s.
 

@@ -19,7 +19,9 @@ from fl_app.plugins import options_of, strategy_class
 from simulation.deploy.cluster import Deployment
 from simulation.deploy.keys import certificate_paths
 from simulation.deploy.options import DeployOptions, fresh_run_dir
+from simulation.deploy.faults import Faults
 from simulation.deploy.processes import DeployError, terminate_on_sigterm, wait_for
+from strategies.core.checkpoint import CHECKPOINT_FILE
 
 
 def run_config_for(cfg: RunConfig, given: Mapping[str, Any], out_dir: Path,
@@ -104,25 +106,17 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
         t_run = time.monotonic()
         runner = dep.run_app(run_config)
         summary_path = out_dir / "summary.json"
-        killed_at = restarted_at = None
         deadline = t_run + o["timeout"]
         first_row_at = None
-        victim = specs[o["kill-node"]] if o["kill-node"] >= 0 else None
+        faults = Faults(o, dep, specs[:nodes], cfg.num_clients,
+                        lambda: dep.run_app({**run_config, "resume": str(out_dir)}, name="flwr-run-resumed"),
+                        out_dir / CHECKPOINT_FILE, say)
         while not summary_path.exists():
             dep.processes.refresh()
             now = time.monotonic()
             if first_row_at is None and _trained_rows(out_dir / "metrics.csv") >= 1:
                 first_row_at = now
-            if victim is not None and killed_at is None and first_row_at is not None \
-                    and now - first_row_at >= o["kill-after"]:
-                dep.processes.kill(victim.proc)
-                killed_at = now
-                say(f"killed SuperNode {victim.pid} (SIGKILL) {now - t_run:.1f} s into the run")
-            if victim is not None and killed_at is not None and restarted_at is None and o["restart-after"] > 0 \
-                    and now - killed_at >= o["restart-after"]:
-                dep.start_node(victim, cfg.num_clients)
-                restarted_at = now
-                say(f"restarted SuperNode {victim.pid}")
+            runner = faults.step(runner, first_row_at)
             if not dep.superlink.alive():
                 raise DeployError(f"the SuperLink exited (code {dep.superlink.popen.returncode}); "
                                   f"see {dep.superlink.log_path}")
@@ -150,9 +144,8 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
         "run_dir": str(run_dir), "nodes": nodes, "intruders": intruders, "tls": o["tls"], "auth": o["auth"],
         "fast": o["fast"], "isolation": o["isolation"], "startup_s": round(t_run - t_start, 3),
         "run_s": round(t_end - t_run, 3),
-        "killed_node": o["kill-node"] if killed_at is not None else None,
-        "killed_at_s": round(killed_at - t_run, 3) if killed_at is not None else None,
-        "restarted_at_s": round(restarted_at - t_run, 3) if restarted_at is not None else None,
+        "killed_node": o["kill-node"] if o["kill-node"] >= 0 and faults.events else None,
+        **faults.record(),
         "refused_nodes": {str(k): v for k, v in refused.items()},
     }
     (run_dir / "deploy.json").write_text(json.dumps(summary["deploy"], indent=2))
