@@ -74,7 +74,8 @@ def plan_run(cfg: RunConfig) -> RunPlan:
             ``device=cuda`` without a GPU, a tracker whose package is
             missing (naming its ``pip install 'sflower[...]'``),
             ``numerics=portable`` in a process not started for it
-            (:func:`fl_app.numerics.establish`).
+            (:func:`fl_app.numerics.establish`), ``node-loss=rollback`` without
+            ``checkpoint-every``.
     """
     establish(cfg.numerics)
     check_trackers(cfg.tracker)
@@ -86,6 +87,9 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     strategy_cls.check_config(cfg, task)
     check_links(strategy_cls.name, strategy_cls.weights_only_links(cfg), cfg)
     check_transport(cfg)
+    if cfg.node_loss == "rollback" and not cfg.checkpoint_every:
+        raise ConfigError("node-loss=rollback needs checkpoint-every=N: a lost node sends the run back to its last "
+                          "checkpoint")
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output-dir '{out}' exists and is not a directory")

@@ -5,9 +5,14 @@
   again ``R`` seconds later (0: never).
 * ``chaos=N chaos-seed=X``: ``N`` SIGKILLs of SuperNodes drawn at random
   (seeded by ``chaos-seed``), each a random 1 to 4 seconds after the
-  previous restart, each node started again ``restart-after`` seconds later
-  (at least 1 s); only once the run has a checkpoint, so that a run with
-  ``node-loss=rollback`` has one to go back to.
+  previous node is back, each node started again ``restart-after`` seconds
+  later (at least 1 s); only once the run has a checkpoint, so that a run
+  with ``node-loss=rollback`` has one to go back to.
+
+A killed SuperNode's key stays taken until the SuperLink sees its heartbeat
+lapse (up to 2 × 30 s in Flower 1.41); until then a restarted SuperNode is
+refused (it logs :data:`REFUSED`), so it is stopped and started again every
+:data:`REJOIN_RETRY_S` seconds until it stays up.
 * ``kill-server-after=S``: SIGKILL the ServerApp (and its ``flwr run``)
   once, ``S`` seconds after the first trained row and once a checkpoint is
   on disk, and start ``flwr run`` again at once with ``resume=RUN_DIR/out``,
@@ -27,6 +32,25 @@ from typing import Any
 
 from simulation.deploy.cluster import Deployment, NodeSpec
 from simulation.deploy.processes import Proc
+
+
+#: Seconds between two starts of a killed SuperNode that the SuperLink did not let rejoin yet.
+REJOIN_RETRY_S = 2.0
+#: Seconds a restarted SuperNode must stay up to count as back.
+REJOINED_AFTER_S = 10.0
+#: What a SuperNode logs when the SuperLink refuses to activate it (Flower 1.41, exit code 305, API error 2004);
+#: the process does not always exit.
+REFUSED = "Failed to activate SuperNode"
+
+
+def _read_from(path: Path, offset: int) -> str:
+    """The text of ``path`` from byte ``offset`` on ("" when unreadable)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 class Faults:
@@ -52,6 +76,8 @@ class Faults:
         #: what happened, in order: ``(seconds into the run, event, partition id or None)``
         self.events: list[tuple[float, str, int | None]] = []
         self.down: dict[int, float] = {}  # partition id -> when to start it again
+        #: partition id -> (when it was started again, its log's size then), until it stays up
+        self.rejoining: dict[int, tuple[float, int]] = {}
         self.single_done = opts["kill-node"] < 0
         self.server_done = opts["kill-server-after"] <= 0
         self.chaos_left = int(opts["chaos"])
@@ -75,9 +101,23 @@ class Faults:
         now = time.monotonic()
         for pid, at in list(self.down.items()):
             if now >= at:
-                self.dep.start_node(self.specs[pid], self.num_partitions)
+                spec = self.specs[pid]
+                log_at = spec.proc.log_path.stat().st_size if spec.proc is not None else 0
+                self.dep.start_node(spec, self.num_partitions)
                 del self.down[pid]
-                self._note("restarted SuperNode", pid)
+                if pid not in self.rejoining:
+                    self._note("restarted SuperNode", pid)
+                self.rejoining[pid] = (now, log_at)
+        for pid, (since, log_at) in list(self.rejoining.items()):
+            proc = self.specs[pid].proc
+            assert proc is not None
+            if not proc.alive() or REFUSED in _read_from(proc.log_path, log_at):
+                # the SuperLink refuses the node's key while its killed predecessor counts as online (until its
+                # heartbeat lapses: up to 2 x 30 s in Flower 1.41): stop what is left of it and start it again
+                self.dep.processes.kill(proc)
+                self.down[pid] = now + REJOIN_RETRY_S
+            elif now - since >= REJOINED_AFTER_S:
+                del self.rejoining[pid]
         if first_row_at is None:
             return runner
         o = self.opts
@@ -85,7 +125,7 @@ class Faults:
             self._kill_node(o["kill-node"], now, o["restart-after"])
             self.single_done = True
         ready = self.checkpoint.is_file()
-        if self.chaos_left and ready and not self.down:
+        if self.chaos_left and ready and not self.down and not self.rejoining:
             if self.next_chaos is None:
                 self.next_chaos = now + self.rng.uniform(1.0, 4.0)
             elif now >= self.next_chaos:
@@ -93,10 +133,11 @@ class Faults:
                 self.chaos_left -= 1
                 self.next_chaos = None
         if not self.server_done and ready and now - first_row_at >= o["kill-server-after"]:
-            for pid in self.dep.serverapp_pids():
+            found = self.dep.serverapp_pids()
+            for pid in found:
                 self.dep.processes.kill_pid(pid)
             self.dep.processes.kill(runner)
-            self._note("killed the ServerApp (SIGKILL)")
+            self._note(f"killed the ServerApp (SIGKILL, {len(found)} process{'es' if len(found) != 1 else ''})")
             runner = self.restart_server()
             self._note("restarted the ServerApp with resume")
             self.server_done = True

@@ -37,6 +37,10 @@ class VirtualClock(Clock):
         if t > self._now:
             self._now = float(t)
 
+    def resume_at(self, t: float) -> None:
+        """Continue from ``t`` seconds (a checkpoint's time), also back in time (a rollback to a checkpoint)."""
+        self._now = float(t)
+
 
 class WallClock(Clock):
     """Real elapsed seconds since construction; replies in arrival order."""

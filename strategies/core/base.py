@@ -459,7 +459,10 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         return {k: v for k, v in vars(self).items() if k not in self.NOT_CHECKPOINTED}
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
-        """Hook: restore :meth:`checkpoint_state` (the resumed run skips :meth:`initialize`)."""
+        """Hook: restore :meth:`checkpoint_state` (the resumed run skips :meth:`initialize`); attributes made
+        after the checkpoint are dropped, as a fresh process would not have them (a rollback restores in place)."""
+        for key in [k for k in vars(self) if k not in self.NOT_CHECKPOINTED and k not in state]:
+            delattr(self, key)
         self.__dict__.update(state)
 
     def maybe_checkpoint(self) -> None:

@@ -50,7 +50,7 @@ import torch
 
 from fl_app.errors import ConfigError
 from strategies.core import client_states, state_codec
-from strategies.core.errors import NodeLostError, RunFailedError
+from strategies.core.errors import NODE_UNAVAILABLE, NodeLostError, RunFailedError
 from strategies.core.state_decoder import decode
 
 log = logging.getLogger("sflower")
@@ -326,7 +326,8 @@ class Checkpointer:
         ``rows`` and ``virtual_time_s``.
 
         Returns:
-            False (a warning says why) when a node did not answer or failed: no checkpoint this time.
+            False (a warning says why) when a node did not answer or failed, or a lost node's reply waits to be
+            handled: no checkpoint this time.
 
         Raises:
             CheckpointError: something in the state is of a type the codec cannot write.
@@ -335,6 +336,12 @@ class Checkpointer:
             if not dispatcher.drain(self.timeout):
                 log.warning("no checkpoint at global iteration %d: a node did not answer within %g s",
                             meta["global_iteration"], self.timeout)
+                return False
+            if any(NODE_UNAVAILABLE in reason.lower() for reason in dispatcher.arrived_errors()):
+                # a lost node's reply waits to be handled: with node-loss=rollback it sends the run back to the
+                # previous checkpoint, which this one must not replace (it would hold that reply)
+                log.warning("no checkpoint at global iteration %d: a lost node's reply waits to be handled",
+                            meta["global_iteration"])
                 return False
             try:
                 clients = client_states.fetch(dispatcher.grid, self.live_nodes(), self.timeout)
@@ -386,8 +393,12 @@ class Checkpointer:
         """
         state = load_run(path, self.name, config, self.env(grid), defaults)
         self.load_state(state["strategy"])
-        node_of = self.reconnect(grid)
-        client_states.push(grid, node_of, {p: state["clients"][p] for p in node_of}, self.timeout)
+
+        def reconnect_and_push() -> None:  # tried again while a node is gone (restarting)
+            node_of = self.reconnect(grid)
+            client_states.push(grid, node_of, {p: state["clients"][p] for p in node_of}, self.timeout)
+
+        client_states.when_nodes_are_back(reconnect_and_push, self.timeout)
         clock.resume_at(float(state["clock"]))
         set_rng_state(state["rng"])
         dispatcher = self.new_dispatcher(grid)

@@ -16,17 +16,24 @@ their replies (the handshake uses it too).
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from fl_app import protocol as P
-from strategies.core.errors import RunFailedError
+from strategies.core.errors import NODE_UNAVAILABLE, RunFailedError
+
+log = logging.getLogger("sflower")
+T = TypeVar("T")
 
 #: Seconds between pulls while waiting for replies.
 POLL_S = 0.01
+#: Seconds between two tries of an exchange that failed because a node was gone (:func:`when_nodes_are_back`).
+RETRY_S = 2.0
 
 
 def round_trip(grid: Grid, messages: Iterable[Message], deadline: float, what: str,
@@ -99,3 +106,23 @@ def push(grid: Grid, node_of: Mapping[int, int], states: Mapping[int, RecordDict
     msgs = [Message(states[pid], node_of[pid], P.QUERY_RESTORE) for pid in sorted(states)]
     replies = round_trip(grid, msgs, time.monotonic() + timeout, f"{P.QUERY_RESTORE} within {timeout:g} s")
     _by_partition(replies, node_of, P.QUERY_RESTORE)
+
+
+def when_nodes_are_back(step: Callable[[], T], timeout: float) -> T:
+    """``step()``, tried again every :data:`RETRY_S` seconds while it fails because a node is gone (a
+    :class:`~strategies.core.errors.RunFailedError` whose reason holds
+    :data:`~strategies.core.errors.NODE_UNAVAILABLE`: a SuperNode killed and not yet back), for up to ``timeout``
+    wall seconds: a resume waits for restarted nodes instead of failing.
+
+    Raises:
+        RunFailedError: any other failure at once, or a node still gone after ``timeout``.
+    """
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            return step()
+        except RunFailedError as err:
+            if NODE_UNAVAILABLE not in str(err).lower() or time.monotonic() + RETRY_S > end:
+                raise
+            log.warning("%s; trying again in %g s", err, RETRY_S)
+            time.sleep(RETRY_S)

@@ -249,6 +249,10 @@ class Dispatcher:
         self.seconds += time.perf_counter() - t0
         return not self._wire
 
+    def arrived_errors(self) -> list[str]:
+        """The reasons of the error replies that arrived and wait to be handled."""
+        return [m.error.reason for m in self._arrived.values() if m.has_error()]
+
     def release(self) -> None:
         """Deliver again after :meth:`drain`: each node's next queued request goes out."""
         self.held = False
