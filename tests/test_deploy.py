@@ -246,3 +246,78 @@ def test_fast_refuses_a_flower_it_cannot_patch(tmp_path: Path) -> None:
             "runpy.run_module('simulation.deploy', run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and proc.stderr.strip() == "sflower: fast=true: no longer sleeps", proc.stderr
+
+
+@needs_flower
+def test_chaos_serverapp_and_a_supernode_killed_then_resumed_equals_in_process(tmp_path: Path) -> None:
+    """The chaos test, short (issue 37): a deployed GAS run on the virtual clock over TLS sessions with node
+    authentication; one SuperNode SIGKILLed at a random point (restarted until the SuperLink lets it in:
+    ``node-loss=rollback`` sends the run back to its last checkpoint) and the ServerApp SIGKILLed once and
+    resumed with ``resume=RUN_DIR/out`` against the same SuperLink and SuperNodes. The final metrics.csv
+    equals the uninterrupted in-process run's in every column but wall_time_s. The longer one, for four
+    strategies: ``bash docs/results/chaos/run.sh``."""
+    from simulation.engine import run_inprocess
+    from simulation.server_app import plan_run
+    from tests.test_checkpoint import BASE, _same_metrics
+
+    keys = {**{k: str(v) for k, v in BASE.items()}, "strategy": "gas", "global-iterations": "30",
+            "clock": "virtual"}
+    summary, run_dir = _deploy(tmp_path, nodes="3", transport="session", **keys, **{
+        "checkpoint-every": "1", "node-loss": "rollback", "chaos": "1", "chaos-seed": "3", "restart-after": "2",
+        "kill-server-after": "6", "timeout": "900"})
+    events = summary["deploy"]
+    assert events["server_kills"] == 1 and events["node_kills"] == 1, events
+    assert summary["status"] == "completed" and summary["failed_clients"] == []
+    reference = tmp_path / "inprocess"
+    run_inprocess(plan_run(RunConfig.from_mapping({**keys, "output-dir": str(reference)})), progress=False)
+    _same_metrics(run_dir / "out" / "metrics.csv", reference / "metrics.csv")
+    assert not _no_process_left(run_dir)
+
+
+def test_chaos_options_need_checkpoints() -> None:
+    for pairs in ({"chaos": "1"}, {"kill-server-after": "3"}):
+        with pytest.raises(ConfigError, match="need checkpoint-every"):
+            parse_deploy_args(pairs)
+    with pytest.raises(ConfigError, match=">= 0"):
+        parse_deploy_args({"chaos": "-1", "checkpoint-every": "1"})
+    assert parse_deploy_args({"chaos": "2", "checkpoint-every": "1"}).opts["chaos"] == 2
+
+
+def test_a_refused_supernode_is_started_again_until_it_is_let_in(tmp_path: Path, monkeypatch) -> None:
+    """Chaos kills a node, starts it again after ``restart-after``; while the SuperLink refuses its key (its killed
+    predecessor still counts as online) it is stopped and started again, until it logs its SuperNode ID. Fake
+    SuperNodes: processes that print what Flower's would."""
+    import sys
+    import time
+
+    from simulation.deploy import faults as F
+    from simulation.deploy.cluster import NodeSpec
+    from simulation.deploy.options import DEPLOY_DEFAULTS
+    from simulation.deploy.processes import Processes
+
+    monkeypatch.setattr(F, "REJOIN_RETRY_S", 0.2)
+    said = iter([F.JOINED + " 1\n", F.REFUSED + "\n", F.REFUSED + "\n", F.JOINED + " 7\n"])
+
+    class FakeDeployment:
+        processes, starts = Processes(), 0
+
+        def start_node(self, spec: NodeSpec, num_partitions: int):
+            self.starts += 1
+            code = f"import sys, time; sys.stdout.write({next(said)!r}); sys.stdout.flush(); time.sleep(60)"
+            spec.proc = self.processes.start("node-0", [sys.executable, "-c", code], tmp_path / "node-0.log", {})
+            return spec.proc
+
+    dep, spec = FakeDeployment(), NodeSpec(0, tmp_path, None, 0)
+    dep.start_node(spec, 1)
+    (tmp_path / "checkpoint.sfl").write_text("")
+    faults = F.Faults({**DEPLOY_DEFAULTS, "chaos": 1, "restart-after": 0.5}, dep, [spec], 1, lambda: None,
+                      tmp_path / "checkpoint.sfl", lambda line: None)
+    try:
+        start = time.monotonic()
+        while (dep.starts < 4 or faults.rejoining or faults.down) and time.monotonic() - start < 30:
+            faults.step(None, start)  # type: ignore[arg-type]
+            time.sleep(0.05)
+    finally:
+        dep.processes.stop_all(grace=1)
+    assert dep.starts == 4 and not faults.rejoining and not faults.down
+    assert [e["event"] for e in faults.record()["events"]] == ["killed SuperNode (SIGKILL)", "restarted SuperNode"]

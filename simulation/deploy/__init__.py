@@ -28,7 +28,8 @@ configuration only: no key, certificate or node data path.
 
 Deploy options (not run-config keys): ``nodes``, ``intruders``, ``tls``,
 ``auth``, ``fast``, ``isolation``, ``run-dir``, ``timeout``, ``kill-node``,
-``kill-after``, ``restart-after``; see :data:`DEPLOY_DEFAULTS`.
+``kill-after``, ``restart-after``, ``chaos``, ``chaos-seed``, ``kill-server-after``
+(:mod:`simulation.deploy.faults`); see :data:`DEPLOY_DEFAULTS`.
 
 ``fast=true`` applies the latency settings measured in
 ``sflower deploy bench`` (docs: deployment; performance, "Exchange latency"): SuperExec
@@ -45,6 +46,7 @@ The package, one concern a module:
 * :mod:`simulation.deploy.processes`: starting, watching and stopping processes;
 * :mod:`simulation.deploy.cluster`: the SuperLink and SuperNodes on loopback
   (:class:`~simulation.deploy.cluster.Deployment`);
+* :mod:`simulation.deploy.faults`: the faults a run injects and the restarts after them;
 * :mod:`simulation.deploy.run`: one deployment from start to summary
   (:func:`~simulation.deploy.run.deploy`);
 * :mod:`simulation.deploy.supernode`: the ``fast=true`` SuperNode launcher

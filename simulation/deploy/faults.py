@@ -12,7 +12,7 @@
 A killed SuperNode's key stays taken until the SuperLink sees its heartbeat
 lapse (up to 2 × 30 s in Flower 1.41); until then a restarted SuperNode is
 refused (it logs :data:`REFUSED`), so it is stopped and started again every
-:data:`REJOIN_RETRY_S` seconds until it stays up.
+:data:`REJOIN_RETRY_S` seconds until it is let in (it logs :data:`JOINED`).
 * ``kill-server-after=S``: SIGKILL the ServerApp (and its ``flwr run``)
   once, ``S`` seconds after the first trained row and once a checkpoint is
   on disk, and start ``flwr run`` again at once with ``resume=RUN_DIR/out``,
@@ -36,8 +36,8 @@ from simulation.deploy.processes import Proc
 
 #: Seconds between two starts of a killed SuperNode that the SuperLink did not let rejoin yet.
 REJOIN_RETRY_S = 2.0
-#: Seconds a restarted SuperNode must stay up to count as back.
-REJOINED_AFTER_S = 10.0
+#: What a SuperNode logs once the SuperLink has activated it (Flower 1.41): it is back.
+JOINED = "SuperNode ID:"
 #: What a SuperNode logs when the SuperLink refuses to activate it (Flower 1.41, exit code 305, API error 2004);
 #: the process does not always exit.
 REFUSED = "Failed to activate SuperNode"
@@ -76,8 +76,9 @@ class Faults:
         #: what happened, in order: ``(seconds into the run, event, partition id or None)``
         self.events: list[tuple[float, str, int | None]] = []
         self.down: dict[int, float] = {}  # partition id -> when to start it again
-        #: partition id -> (when it was started again, its log's size then), until it stays up
-        self.rejoining: dict[int, tuple[float, int]] = {}
+        #: partition id -> the size of its log when it was started again, until the SuperLink lets it in
+        self.rejoining: dict[int, int] = {}
+        self.refused: set[int] = set()  # partition ids refused by the SuperLink, waiting to be started again
         self.single_done = opts["kill-node"] < 0
         self.server_done = opts["kill-server-after"] <= 0
         self.chaos_left = int(opts["chaos"])
@@ -105,19 +106,24 @@ class Faults:
                 log_at = spec.proc.log_path.stat().st_size if spec.proc is not None else 0
                 self.dep.start_node(spec, self.num_partitions)
                 del self.down[pid]
-                if pid not in self.rejoining:
+                if pid in self.refused:
+                    self.refused.discard(pid)
+                else:
                     self._note("restarted SuperNode", pid)
-                self.rejoining[pid] = (now, log_at)
-        for pid, (since, log_at) in list(self.rejoining.items()):
+                self.rejoining[pid] = log_at
+        for pid, log_at in list(self.rejoining.items()):
             proc = self.specs[pid].proc
             assert proc is not None
-            if not proc.alive() or REFUSED in _read_from(proc.log_path, log_at):
+            text = _read_from(proc.log_path, log_at)
+            if JOINED in text:
+                del self.rejoining[pid]
+            elif not proc.alive() or REFUSED in text:
                 # the SuperLink refuses the node's key while its killed predecessor counts as online (until its
                 # heartbeat lapses: up to 2 x 30 s in Flower 1.41): stop what is left of it and start it again
                 self.dep.processes.kill(proc)
-                self.down[pid] = now + REJOIN_RETRY_S
-            elif now - since >= REJOINED_AFTER_S:
                 del self.rejoining[pid]
+                self.refused.add(pid)
+                self.down[pid] = time.monotonic() + REJOIN_RETRY_S
         if first_row_at is None:
             return runner
         o = self.opts
@@ -125,7 +131,7 @@ class Faults:
             self._kill_node(o["kill-node"], now, o["restart-after"])
             self.single_done = True
         ready = self.checkpoint.is_file()
-        if self.chaos_left and ready and not self.down and not self.rejoining:
+        if self.chaos_left and ready and not self.down and not self.rejoining:  # one node down at a time
             if self.next_chaos is None:
                 self.next_chaos = now + self.rng.uniform(1.0, 4.0)
             elif now >= self.next_chaos:
