@@ -148,7 +148,8 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         self._bar: Any = None
         #: when and where checkpoints are written, and the resume (:class:`~strategies.core.checkpoint.Checkpointer`)
         self.checkpoints = Checkpointer(self.name, self.checkpoint_state, self.load_checkpoint_state,
-                                        self._environment, self._new_dispatcher, self._live_nodes,
+                                        self._environment, self._new_dispatcher,
+                                        lambda: {p: self.clients[p].node_id for p in self.live_clients()},
                                         lambda grid: self.membership.reconnect(grid, self.cfg, self.cfg.node_timeout),
                                         cfg.node_timeout)
         self._run_start = 0.0
@@ -299,10 +300,6 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         """A dispatcher on ``grid`` for the registered clients' nodes."""
         return Dispatcher(grid, self.clock, {p: c.node_id for p, c in self.clients.items()},
                           timeout=self.cfg.node_timeout)
-
-    def _live_nodes(self) -> dict[int, int]:
-        """Partition id -> node id of the live clients."""
-        return {p: self.clients[p].node_id for p in self.live_clients()}
 
     def readmit(self) -> list[int]:
         """Re-admit excluded clients whose SuperNode came back (:meth:`~strategies.core.exchange.Exchange.readmit`)."""
