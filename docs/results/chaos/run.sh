@@ -6,7 +6,7 @@
 # column but wall_time_s.
 # Run from the repository root: bash docs/results/chaos/run.sh [WORKDIR] [STRATEGY...]
 # Writes WORKDIR/<strategy>/{deployed,inprocess} (default /tmp/chaos) and copies each side's metrics.csv and
-# summary.json, and deploy.json, to docs/results/chaos/<strategy>/, then writes docs/results/chaos/verdict.md.
+# summary.json, and deploy.json, to docs/results/chaos/<strategy>/, then writes docs/results/chaos/verdict.csv.
 set -euo pipefail
 W=${1:-/tmp/chaos}
 shift || true
@@ -34,15 +34,13 @@ here, strategies = Path(sys.argv[1]), sys.argv[2:]
 def cols(p):
     rows = list(csv.reader(open(p)))
     return {n: [r[i] for r in rows[1:]] for i, n in enumerate(rows[0])}
-lines = ["| strategy | rows | node kills | ServerApp kills | rollbacks | columns that differ (all but wall_time_s) |",
-         "|---|---|---|---|---|---|"]
+rows = [["strategy", "rows", "node_kills", "serverapp_kills", "columns_that_differ"]]
 for s in strategies:
     a, b = cols(here / s / "deployed-metrics.csv"), cols(here / s / "inprocess-metrics.csv")
     differ = [k for k in b if k != "wall_time_s" and a.get(k) != b[k]]
     d = json.loads((here / s / "deploy.json").read_text())
-    summary = json.loads((here / s / "deployed-summary.json").read_text())
-    lines.append(f"| {s} | {len(b['global_iteration'])} | {d['node_kills']} | {d['server_kills']} | "
-                 f"{summary.get('rollbacks', 0)} | {', '.join(differ) or 'none'} |")
-(here / "verdict.md").write_text("\n".join(lines) + "\n")
-print("\n".join(lines))
+    rows.append([s, len(b["global_iteration"]), d["node_kills"], d["server_kills"], " ".join(differ) or "none"])
+with open(here / "verdict.csv", "w", newline="") as fh:
+    csv.writer(fh).writerows(rows)
+print(open(here / "verdict.csv").read())
 PY
