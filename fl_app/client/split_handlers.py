@@ -43,13 +43,16 @@ def train_forward(msg: Message, context: Context) -> Message:
     model = slot.model(start, end)
     if plan.own_data:
         if plan.replies_activations:
-            return Message(node.forward(slot, model, start, end, plan.batch_size), reply_to=msg)
+            return Message(node.forward(slot, model, start, end, plan.batch_size, not plan.private_labels),
+                           reply_to=msg)
         record, x, y = node.sample(plan.batch_size)
         record["start"], record["end"] = start, end
     else:
         acts, labels = P.array_of(msg.content, P.ACTIVATIONS), P.get_array(msg.content, P.LABELS)
         x = node.on_device(P.record_input(acts, "x"))  # only computed on: no copy where none is needed
         y = node.on_device(P.record_input(labels, "y")) if labels is not None else None
+        if y is None and cfg.label_slot:  # a U-shaped tail: the labels of the node's own batch, never sent
+            y = node.on_device(node.slot(cfg.label_slot).labels())
         # kept (and the labels passed on) as received: the bytes that re-encoding x and y gives
         inputs = {"x": P.canonical(acts["x"])} if labels is None else \
             {"x": P.canonical(acts["x"]), "y": P.canonical(labels["y"])}
@@ -107,8 +110,8 @@ def train_backward(msg: Message, context: Context) -> Message:
     content = P.record_dict(_input_gradient_record(x, start))
     if shared is not None:
         content[P.OPTIMIZER] = slot.array("optimizer")
-    content = node.reply_after_update(model, cfg.next, lambda: node.forward(slot, model, start, end, cfg.batch_size),
-                                      content)
+    content = node.reply_after_update(
+        model, cfg.next, lambda: node.forward(slot, model, start, end, cfg.batch_size, not cfg.label_slot), content)
     return Message(content, reply_to=msg)
 
 
