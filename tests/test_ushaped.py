@@ -42,6 +42,7 @@ from strategies.core.exchange import Exchange
 from strategies.core.registry import get_strategy, strategy_names
 from strategies.core.ushaped import surrogate_loss
 from tests.conftest import read_metrics
+from tests.test_session import certs  # noqa: F401  (the TLS files fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -248,3 +249,47 @@ def test_ushaped_splitfed_v1_learns_like_the_prefix_split(tmp_path):
     prefix, _ = _run(tmp_path / "p", strategy="splitfed-v1", **{**LEARN, "cut-layers": "", "cut-layer": 2})
     assert u["final_accuracy"] >= 0.8
     assert u["final_accuracy"] >= prefix["final_accuracy"] - 0.1
+
+
+def test_a_ushaped_run_resumes_identically(tmp_path, monkeypatch):
+    """U-shaped splitfed-v1 with checkpoints at 2 and 4 of 6, stopped after row 5: the resumed run's metrics
+    equal an uninterrupted one's (the clients' tail slots travel in the node state)."""
+    from strategies.core import checkpoint as ckpt
+    from tests.test_checkpoint import BASE as CK_BASE, _Killed, _kill_after_row, _reference, _same_metrics
+
+    cfg = {**CK_BASE, "strategy": "splitfed-v1", "cut-layers": "2,9", "checkpoint-every": 2}
+    run_dir = tmp_path / "killed"
+    with monkeypatch.context() as m:
+        _kill_after_row(m, 5)
+        with pytest.raises(_Killed):
+            run_inprocess(plan_run(RunConfig.from_mapping({**cfg, "output-dir": str(run_dir)})), progress=False)
+    assert ckpt.read_meta(run_dir / ckpt.CHECKPOINT_FILE)["global_iteration"] == 4
+    assert cli.main(["run", "-q", f"resume={run_dir}"]) == 0
+    _same_metrics(run_dir / "metrics.csv", _reference(tmp_path, cfg))
+
+
+@pytest.mark.parametrize("strategy", ["vanilla-sl", "splitfed-v1"])
+def test_ushaped_over_sessions(strategy, certs, tmp_path):
+    """Over the session transport (TLS on localhost; the nodes' ClientApp served by serve_session): a
+    U-shaped run writes the metrics of the same run over in-process Flower messages (so vanilla SL keeps its
+    equality with one-process training), and no reply a node hands to its session carries the labels."""
+    from fl_app.session.client import OPEN_ACTION, serve_session
+    from tests.conftest import make_cfg
+    from tests.test_session import RUN, run_over_sessions
+
+    keys = dict(strategy=strategy, clock="virtual", cut_layers="2,6", **RUN)  # alexnet: 8 blocks
+    tls = dict(transport="session", session_address="localhost:0", session_timeout=20.0,
+               session_certificate=str(certs["cert"]), session_key=str(certs["key"]), session_ca=str(certs["ca"]))
+    cfg = make_cfg(output_dir=str(tmp_path / "session"), **keys, **tls)
+    y = load_task(cfg).data.y_train.numpy()
+    watch = LabelWatch(lambda idx: y[np.asarray(idx, dtype=np.int64)])
+    run = run_over_sessions(cfg, lambda msg, ctx: serve_session(msg, ctx, watch)
+                            if msg.metadata.message_type == OPEN_ACTION else watch(msg, ctx))
+    run_inprocess(plan_run(make_cfg(output_dir=str(tmp_path / "flower"), transport="flower", **keys)), progress=False)
+    ours, theirs = read_metrics(run.out / "metrics.csv"), read_metrics(tmp_path / "flower" / "metrics.csv")
+    for row in ours + theirs:
+        del row["wall_time_s"]
+    assert ours == theirs and len(ours) == 3
+    assert json.loads((run.out / "config.json").read_text())["transport"] == "session"
+    assert run.requests > 0 and watch.replies >= run.requests
+    assert watch.label_keys == [] and watch.label_arrays == []

@@ -188,6 +188,7 @@ class LabelPrivateSplit(SFLStrategy):
     def with_tails(self, uploads: Mapping[int, dict[str, torch.Tensor]]) -> dict[int, dict[str, torch.Tensor]]:
         """The clients' uploaded heads, with their tails fetched and merged in a U-shaped run (a
         ``train.step`` of the tail slot that returns its weights; timed and metered as the head's upload)."""
+        self.tail_start, self.tail_fresh = None, set()  # the round is over
         if not self.cuts or not uploads:
             return dict(uploads)
         c2, n = self.cuts[1], self.costs.num_blocks
