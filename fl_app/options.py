@@ -181,8 +181,9 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "embedding, 6 layers, head; cut 2 is after the first layer); all take 1×28×28 and 3×32×32"),
     Option("cut-layer", 2, "the client-side model is blocks `[0, cut)`"),
     Option("cut-layers", "", "a label-private (U-shaped) split `c1,c2`: the client holds blocks `[0, c1)` and "
-           "`[c2, L)` with the loss and the labels, the server the middle `[c1, c2)`; empty: the prefix split "
-           "at `cut-layer` (whose server holds the labels). `cut-layer` is then `c1` (see the privacy how-to)",
+           "`[c2, L)` with the loss and the labels, the server the middle `[c1, c2)`; `cut-layer` is then `c1`. "
+           "Empty: the prefix split at `cut-layer`, whose server holds the labels (see \"Keep the labels on "
+           "the client\")",
            check=_check_cut_layers, source="U-shaped split learning: Vepakomma et al. 2018, arXiv:1812.00564"),
     Option("num-clients", 20, "clients (partitions, SuperNodes)", at_least=1),
     Option("concurrency", 10, "clients training at once (C)", at_least=1),

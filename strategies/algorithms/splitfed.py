@@ -128,9 +128,10 @@ class SplitFedV2(SyncSplitStrategy):
         grads: dict[int, torch.Tensor] = {}
         for pid in sorted(batches):
             x, y = batches[pid]
-            grads.update(server_steps({pid: (self.server_model, self.server_opt, x)},
-                                      lambda outputs: self.client_losses(outputs, {pid: y}), self.cfg.clip_norm))
-            self.server_updates += 1
+            got = server_steps({pid: (self.server_model, self.server_opt, x)},
+                               lambda outputs: self.client_losses(outputs, {pid: y}), self.cfg.clip_norm)
+            grads.update(got)
+            self.server_updates += len(got)
         return grads
 
 

@@ -86,8 +86,7 @@ def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, 
 
 
 class SplitMixin(LabelPrivateSplit):
-    """The global model split at the cut layer (or, U-shaped, at two: :mod:`strategies.core.ushaped`), and the
-    split-learning requests."""
+    """The global model split at the cut layer (or two: :mod:`strategies.core.ushaped`), and the requests."""
 
     model: BlockModel
     client_model: BlockModel
@@ -105,9 +104,6 @@ class SplitMixin(LabelPrivateSplit):
         if self.device.type != "cpu":
             self.model.to(self.device)
         self.client_model, self.server_model = self.split_parts(self.model)
-        #: U-shaped: the tail's start weights of the round, and the cohort members that have not had them yet
-        self.tail_start: ArrayRecord | None = None
-        self.tail_fresh: set[int] = set()
         #: ZO clients: pid -> (h⁺, h⁻) of its latest forward, until :meth:`feedback` uses them
         self.zo_pairs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 

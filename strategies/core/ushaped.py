@@ -108,6 +108,13 @@ class LabelPrivateSplit(SFLStrategy):
     cut: int
     model: BlockModel
 
+    def initialize(self) -> None:
+        """No tail start weights yet (see :meth:`round_start`)."""
+        super().initialize()
+        #: the tail's start weights of the round, and the cohort members that have not had them yet
+        self.tail_start: ArrayRecord | None = None
+        self.tail_fresh: set[int] = set()
+
     @property
     def cuts(self) -> tuple[int, int] | None:
         """``(c1, c2)`` of a U-shaped run, None for a prefix split."""
@@ -170,6 +177,8 @@ class LabelPrivateSplit(SFLStrategy):
         def loss(outputs: torch.Tensor, _labels: object) -> torch.Tensor:
             parts = dict(zip(pids, outputs.split(sizes)))
             got = self.client_losses(parts, {})
+            if not got:  # every tail failed (their clients are excluded): a step of zero gradient
+                return outputs.sum() * 0.0
             return sum(got[p] * (parts[p].shape[0] / total) for p in sorted(got))
         return loss
 
