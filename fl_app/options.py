@@ -185,6 +185,10 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "Empty: the prefix split at `cut-layer`, whose server holds the labels (see \"Keep the labels on "
            "the client\")",
            check=_check_cut_layers, source="U-shaped split learning: Vepakomma et al. 2018, arXiv:1812.00564"),
+    Option("label-defence", "none", "U-shaped: what the client does to the gradient its tail returns at c2 before "
+           "it leaves: `none`, or `max-norm` (Gaussian noise per sample so that every row's expected squared norm "
+           "is the batch's largest; no DP claim)", choices=("none", "max-norm"),
+           source="Li et al., Label Leakage and Protection in Two-party Split Learning, ICLR 2022"),
     Option("num-clients", 20, "clients (partitions, SuperNodes)", at_least=1),
     Option("concurrency", 10, "clients training at once (C)", at_least=1),
     Option("partition", "shard", "`iid`, `dirichlet` (with `alpha`), `shard` (with `shards` = classes per client), `label-sorted` "

@@ -18,7 +18,8 @@ from torch import nn
 
 from fl_app import protocol as P
 from fl_app.client.node import Node, acknowledgement, node_and_config
-from fl_app.client.state import RNG_SEED
+from fl_app.client.state import RNG_KEY, RNG_SEED
+from fl_app.label_defence import defence_generator, max_norm_noise
 from fl_app.live import committing
 from fl_app.models import fixed_rng
 from fl_app.training import load_gradients
@@ -73,6 +74,9 @@ def train_forward(msg: Message, context: Context) -> Message:
         loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     slot.apply_gradients(model, cfg)
+    if cfg.label_slot and start > 0 and node.cfg.label_defence != "none":  # U-shaped tail: before it leaves
+        x.grad = max_norm_noise(x.grad, defence_generator(node.task.seed, node.partition_id,
+                                                          int(node.config(RNG_KEY).get("forwards", 0))))
     content = P.record_dict({**_input_gradient_record(x, start),
                           P.INFO: ConfigRecord({P.INFO_LOSS: float(loss.detach())})})
     return Message(content, reply_to=msg)

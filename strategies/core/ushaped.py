@@ -61,11 +61,15 @@ def check_cut_layers(cls: type, cfg: RunConfig, task: Task) -> None:
     """Refuse ``cut-layers`` where it cannot run: a strategy without a U-shaped form, or cuts out of the model.
 
     Raises:
-        ConfigError: the strategy's ``ushaped_refusal`` is not empty, or ``c2 > L - 1`` (the tail must hold
-            at least the last block; ``1 <= c1 < c2`` is the key's own check), one line.
+        ConfigError: ``label-defence`` without ``cut-layers``; the strategy's ``ushaped_refusal`` is not
+            empty; ``c2 > L - 1`` (the tail must hold at least the last block; ``1 <= c1 < c2`` is the key's
+            own check); zeroth-order clients or server. One line.
     """
     cuts = parse_cut_layers(cfg.get("cut-layers"))
     if cuts is None:
+        if cfg.get("label-defence") != "none":
+            raise ConfigError(f"label-defence={cfg.get('label-defence')} needs a U-shaped split (cut-layers=c1,c2): "
+                              "in a prefix split the labels go to the server")
         return
     reason = getattr(cls, "ushaped_refusal", UNDECLARED)
     if reason:
