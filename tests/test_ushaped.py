@@ -251,23 +251,6 @@ def test_ushaped_splitfed_v1_learns_like_the_prefix_split(tmp_path):
     assert u["final_accuracy"] >= prefix["final_accuracy"] - 0.1
 
 
-def test_a_ushaped_run_resumes_identically(tmp_path, monkeypatch):
-    """U-shaped splitfed-v1 with checkpoints at 2 and 4 of 6, stopped after row 5: the resumed run's metrics
-    equal an uninterrupted one's (the clients' tail slots travel in the node state)."""
-    from strategies.core import checkpoint as ckpt
-    from tests.test_checkpoint import BASE as CK_BASE, _Killed, _kill_after_row, _reference, _same_metrics
-
-    cfg = {**CK_BASE, "strategy": "splitfed-v1", "cut-layers": "2,9", "checkpoint-every": 2}
-    run_dir = tmp_path / "killed"
-    with monkeypatch.context() as m:
-        _kill_after_row(m, 5)
-        with pytest.raises(_Killed):
-            run_inprocess(plan_run(RunConfig.from_mapping({**cfg, "output-dir": str(run_dir)})), progress=False)
-    assert ckpt.read_meta(run_dir / ckpt.CHECKPOINT_FILE)["global_iteration"] == 4
-    assert cli.main(["run", "-q", f"resume={run_dir}"]) == 0
-    _same_metrics(run_dir / "metrics.csv", _reference(tmp_path, cfg))
-
-
 @pytest.mark.parametrize("strategy", ["vanilla-sl", "splitfed-v1"])
 def test_ushaped_over_sessions(strategy, certs, tmp_path):
     """Over the session transport (TLS on localhost; the nodes' ClientApp served by serve_session): a
