@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_app.errors import ConfigError
-from fl_app.options import CORE_OPTIONS, Option
+from fl_app.options import CORE_OPTIONS, Option, parse_cut_layers
 from fl_app.plugins import installed_options, options_of, strategy_class
 
 #: The core keys, in declaration order.
@@ -147,6 +147,7 @@ class RunConfig:
             values[key] = opt.coerce(raw)
             opt.validate(values[key])
         values["strategy-options"] = ""  # its keys are now keys of their own (flwr run's sends fold them back)
+        _resolve_cut_layers(values, explicit)
         cfg = cls(values)
         cfg._check()
         return cfg
@@ -182,6 +183,22 @@ class RunConfig:
     def __repr__(self) -> str:
         return f"RunConfig({self._values!r})"
 
+
+
+def _resolve_cut_layers(values: dict[str, Any], explicit: set[str]) -> None:
+    """With ``cut-layers=c1,c2`` the run's cut layer is ``c1`` (the head's end: what ``end == 0`` means in
+    the protocol); ``values["cut-layer"]`` is set to it.
+
+    Raises:
+        ConfigError: ``cut-layer`` given (not its default) and different from ``c1`` (one line).
+    """
+    cuts = parse_cut_layers(values.get("cut-layers", ""))
+    if cuts is None:
+        return
+    if "cut-layer" in explicit and int(values["cut-layer"]) != cuts[0]:
+        raise ConfigError(f"cut-layer={values['cut-layer']} contradicts cut-layers={values['cut-layers']}: "
+                          f"the head ends at c1={cuts[0]}; give cut-layers alone")
+    values["cut-layer"] = cuts[0]
 
 
 def parse_key_values(pairs: list[str]) -> dict[str, str]:

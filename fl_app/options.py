@@ -132,6 +132,31 @@ def _seed_or_seed(key: str) -> Callable[[int], None]:
     return check
 
 
+def parse_cut_layers(value: str) -> tuple[int, int] | None:
+    """``cut-layers``: ``"c1,c2"`` to ``(c1, c2)``, ``""`` to None (the prefix split).
+
+    Raises:
+        ConfigError: not two integers, or not ``1 <= c1 < c2`` (one line; the model's own bound is checked
+            against its blocks, :func:`strategies.core.ushaped.check_cut_layers`).
+    """
+    text = str(value).strip()
+    if not text:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        c1, c2 = (int(p) for p in parts)
+    except ValueError:
+        raise ConfigError(f"cut-layers must be two cut layers c1,c2 (e.g. 2,6), got {value!r}") from None
+    if not 1 <= c1 < c2:
+        raise ConfigError(f"cut-layers={value}: need 1 <= c1 < c2 (the head [0, c1), the middle [c1, c2) on the "
+                          "server, the tail [c2, L) on the client)")
+    return c1, c2
+
+
+def _check_cut_layers(value: str) -> None:
+    parse_cut_layers(value)
+
+
 def _check_device(value: str) -> None:
     from fl_app.device import check_device_name
 
@@ -155,6 +180,15 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "`resnet18` (10 blocks), `alexnet17` (RingSFL's 17-block AlexNet), `vit-small` (8 blocks: "
            "embedding, 6 layers, head; cut 2 is after the first layer); all take 1×28×28 and 3×32×32"),
     Option("cut-layer", 2, "the client-side model is blocks `[0, cut)`"),
+    Option("cut-layers", "", "a label-private (U-shaped) split `c1,c2`: the client holds blocks `[0, c1)` and "
+           "`[c2, L)` with the loss and the labels, the server the middle `[c1, c2)`; `cut-layer` is then `c1`. "
+           "Empty: the prefix split at `cut-layer`, whose server holds the labels (see \"Keep the labels on "
+           "the client\")",
+           check=_check_cut_layers, source="U-shaped split learning: Vepakomma et al. 2018, arXiv:1812.00564"),
+    Option("label-defence", "none", "U-shaped: what the client does to the gradient its tail returns at c2 before "
+           "it leaves: `none`, or `max-norm` (Gaussian noise per sample so that every row's expected squared norm "
+           "is the batch's largest; no DP claim)", choices=("none", "max-norm"),
+           source="Li et al., Label Leakage and Protection in Two-party Split Learning, ICLR 2022"),
     Option("num-clients", 20, "clients (partitions, SuperNodes)", at_least=1),
     Option("concurrency", 10, "clients training at once (C)", at_least=1),
     Option("partition", "shard", "`iid`, `dirichlet` (with `alpha`), `shard` (with `shards` = classes per client), `label-sorted` "

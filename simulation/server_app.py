@@ -34,6 +34,7 @@ from simulation.timing.durations import DeviceTiming, ZeroTiming
 from simulation.outputs.trackers import TrackingContext, check_trackers, open_trackers
 from strategies.core.checkpoint import CHECKPOINT_FILE, RESUMABLE_KEYS, read_meta
 from strategies.core.registry import get_strategy
+from strategies.core.ushaped import check_cut_layers
 
 log = logging.getLogger("sflower")
 
@@ -84,6 +85,7 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     profiles = draw_profiles(cfg.heterogeneity, cfg.num_clients, cfg.seed, downlink=cfg.downlink)
     task = load_task(cfg)
     check_batch_size(task, cfg.batch_size)
+    check_cut_layers(strategy_cls, cfg, task)
     strategy_cls.check_config(cfg, task)
     check_links(strategy_cls.name, strategy_cls.weights_only_links(cfg), cfg)
     check_transport(cfg)

@@ -119,10 +119,11 @@ def _kill_after_row(monkeypatch, iteration: int) -> None:
     monkeypatch.setattr(RunRecorder, "append", append_then_stop)
 
 
-@pytest.mark.parametrize("strategy", ["splitfed-v1", "fedbuff"])
-def test_resume_after_later_rows_identical(tmp_path, monkeypatch, strategy):
+@pytest.mark.parametrize("strategy, extra", [("splitfed-v1", {}), ("fedbuff", {}),
+                                             ("splitfed-v1", {"cut-layers": "2,9"})])  # U-shaped: tail slots
+def test_resume_after_later_rows_identical(tmp_path, monkeypatch, strategy, extra):
     """Checkpoints at 2 and 4 of 6, stopped after row 5: resume drops row 5, redoes it and matches."""
-    cfg = {**BASE, "strategy": strategy, "checkpoint-every": 2}
+    cfg = {**BASE, "strategy": strategy, "checkpoint-every": 2, **extra}
     run_dir = tmp_path / "killed"
     with monkeypatch.context() as m:
         _kill_after_row(m, 5)

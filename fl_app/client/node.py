@@ -114,13 +114,18 @@ class Node:
         slot.put("batch", record)
         return seed
 
-    def forward(self, slot: Slot, model: BlockModel, start: int, end: int, batch_size: int) -> RecordDict:
-        """Sample the next own batch, run blocks ``[start, end)``, remember the batch (and its dropout seed)."""
+    def forward(self, slot: Slot, model: BlockModel, start: int, end: int, batch_size: int,
+                labels: bool = True) -> RecordDict:
+        """Sample the next own batch, run blocks ``[start, end)``, remember the batch (and its dropout seed);
+        the reply's activations, and its labels unless ``labels`` is False (they stay on the node: U-shaped)."""
         record, x, y = self.sample(batch_size)
         record["start"], record["end"] = start, end
         seed = self.remember_batch(slot, record, model)
         acts = slot.run_forward(model, x, seed, start)
-        return P.record_dict({P.ACTIVATIONS: P.tensor_record("x", acts), P.LABELS: P.tensor_record("y", y)})
+        content = P.record_dict({P.ACTIVATIONS: P.tensor_record("x", acts)})
+        if labels:
+            content[P.LABELS] = P.tensor_record("y", y)
+        return content
 
     def weights_reply(self, model: BlockModel) -> RecordDict:
         """The slot's weights and this node's example count."""

@@ -170,6 +170,18 @@ class Slot:
                     p.grad.mul_(cfg.weight)
         self.step(model, self.optimizer(model, cfg), cfg.clip_norm)
 
+    def labels(self) -> torch.Tensor:
+        """int64 ``[B]``: the labels of the slot's last own batch (CPU; a U-shaped tail's, which never leave the node).
+
+        Raises:
+            RuntimeError: the slot has run no forward pass yet.
+            ValueError: its last forward ran on a relayed input, not on own data.
+        """
+        batch = self.batch
+        if self.range[0] != 0:
+            raise ValueError(f"slot '{self.name}' last ran on a relayed input: it holds no labels of its own")
+        return self.node.task.data.y_train[torch.as_tensor(list(batch["indices"]), dtype=torch.int64)]
+
     def stored_input(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The input of the slot's last forward: own data (recomputed) or the relayed tensor."""
         batch = self.batch

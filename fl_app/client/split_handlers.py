@@ -18,7 +18,8 @@ from torch import nn
 
 from fl_app import protocol as P
 from fl_app.client.node import Node, acknowledgement, node_and_config
-from fl_app.client.state import RNG_SEED
+from fl_app.client.state import RNG_KEY, RNG_SEED
+from fl_app.label_defence import defence_generator, max_norm_noise
 from fl_app.live import committing
 from fl_app.models import fixed_rng
 from fl_app.training import load_gradients
@@ -43,13 +44,16 @@ def train_forward(msg: Message, context: Context) -> Message:
     model = slot.model(start, end)
     if plan.own_data:
         if plan.replies_activations:
-            return Message(node.forward(slot, model, start, end, plan.batch_size), reply_to=msg)
+            return Message(node.forward(slot, model, start, end, plan.batch_size, not plan.private_labels),
+                           reply_to=msg)
         record, x, y = node.sample(plan.batch_size)
         record["start"], record["end"] = start, end
     else:
         acts, labels = P.array_of(msg.content, P.ACTIVATIONS), P.get_array(msg.content, P.LABELS)
         x = node.on_device(P.record_input(acts, "x"))  # only computed on: no copy where none is needed
         y = node.on_device(P.record_input(labels, "y")) if labels is not None else None
+        if y is None and cfg.label_slot:  # a U-shaped tail: the labels of the node's own batch, never sent
+            y = node.on_device(node.slot(cfg.label_slot).labels())
         # kept (and the labels passed on) as received: the bytes that re-encoding x and y gives
         inputs = {"x": P.canonical(acts["x"])} if labels is None else \
             {"x": P.canonical(acts["x"]), "y": P.canonical(labels["y"])}
@@ -70,6 +74,9 @@ def train_forward(msg: Message, context: Context) -> Message:
         loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     slot.apply_gradients(model, cfg)
+    if cfg.label_slot and start > 0 and node.cfg.label_defence != "none":  # U-shaped tail: before it leaves
+        x.grad = max_norm_noise(x.grad, defence_generator(node.task.seed, node.partition_id,
+                                                          int(node.config(RNG_KEY).get("forwards", 0))))
     content = P.record_dict({**_input_gradient_record(x, start),
                           P.INFO: ConfigRecord({P.INFO_LOSS: float(loss.detach())})})
     return Message(content, reply_to=msg)
@@ -107,8 +114,8 @@ def train_backward(msg: Message, context: Context) -> Message:
     content = P.record_dict(_input_gradient_record(x, start))
     if shared is not None:
         content[P.OPTIMIZER] = slot.array("optimizer")
-    content = node.reply_after_update(model, cfg.next, lambda: node.forward(slot, model, start, end, cfg.batch_size),
-                                      content)
+    content = node.reply_after_update(
+        model, cfg.next, lambda: node.forward(slot, model, start, end, cfg.batch_size, not cfg.label_slot), content)
     return Message(content, reply_to=msg)
 
 

@@ -47,6 +47,7 @@ from fl_app.protocol.keys import (
     NEXT_WEIGHTS,
     OPTIMIZER,
     OWN_SLOT,
+    TAIL_SLOT,
     PERTURBED,
     QUERY_CHECKPOINT,
     QUERY_INFO,

@@ -167,6 +167,11 @@ class ForwardConfig(OptimizerConfig):
     accumulator this slot uses (empty: its own); the slot keeps only its
     stored input. RingSFL: every path through a node trains blocks of that
     node's one local model, each path keeping its input in its own slot.
+
+    ``label_slot`` keeps the labels on the node (a label-private, U-shaped
+    split): an own-data forward replies no :data:`LABELS`, and a relayed
+    input sent without labels (the U-shaped tail) is scored against the
+    labels of that slot's last own batch.
     """
 
     action: ClassVar[str] = K.TRAIN_FORWARD
@@ -178,12 +183,13 @@ class ForwardConfig(OptimizerConfig):
     accumulate: bool = False
     weight: float = 1.0
     model_slot: str = ""
+    label_slot: str = ""
 
     def plan(self, cut: int) -> ForwardPlan:
         """What this forward does and what its reply holds, for a run whose cut layer is ``cut``:
         the one reading of a ``train.forward`` config (the ClientApp's handler, the strategies'
         request builders and reply validation all use it)."""
-        return ForwardPlan(self.start, self.end or cut, self.batch_size, self.loss)
+        return ForwardPlan(self.start, self.end or cut, self.batch_size, self.loss, bool(self.label_slot))
 
 
 @dataclass(frozen=True)
@@ -194,12 +200,14 @@ class ForwardPlan:
         start, end: the block range ``[start, end)`` run (``end`` resolved: 0 is the cut layer).
         batch_size: examples sampled from the node's own data (``start == 0``).
         loss: the range ends the model: the node computes the loss and back-propagates at once.
+        private_labels: the labels stay on the node (``label_slot``): no reply carries them.
     """
 
     start: int
     end: int
     batch_size: int
     loss: bool
+    private_labels: bool = False
 
     @property
     def own_data(self) -> bool:
@@ -218,7 +226,7 @@ class ForwardPlan:
 
     def replies_labels(self, labels_sent: bool) -> bool:
         """The reply holds ``labels``: the output of own data, or of a relayed input sent with its labels."""
-        return not self.loss and (self.own_data or labels_sent)
+        return not self.loss and not self.private_labels and (self.own_data or labels_sent)
 
     def input_batch(self, relayed_batch: int | None) -> int:
         """The batch the range runs on: the relayed input's (``relayed_batch``), else ``batch_size``."""
@@ -235,7 +243,8 @@ class BackwardConfig(OptimizerConfig):
     ``train.step``) or clipped and stepped at once. The reply holds the
     gradient w.r.t. the range's input when the range does not start at 0,
     plus, by ``next``: the next batch's activations (``batch_size``), the
-    slot's weights and example count, or nothing more. ``model_slot`` as in
+    slot's weights and example count, or nothing more. ``model_slot`` and
+    ``label_slot`` (a piggybacked forward replies no labels) as in
     :class:`ForwardConfig`.
     """
 
@@ -246,6 +255,7 @@ class BackwardConfig(OptimizerConfig):
     accumulate: bool = False
     weight: float = 1.0
     model_slot: str = ""
+    label_slot: str = ""
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,8 @@ SPLIT_LOCAL = "local"
 
 #: The node's own client-side model.
 OWN_SLOT = "own"
+#: The slot of a node's tail in a label-private (U-shaped) split: blocks ``[c2, L)``, the loss and the labels.
+TAIL_SLOT = "tail"
 
 
 def relay_slot(origin: int) -> str:

@@ -20,10 +20,12 @@ from fl_app.protocol.records import array_of, config_of, get_array, get_config, 
 
 
 # --- readers -------------------------------------------------------------------
-def activations(content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
+def activations(content: RecordDict) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(activations [B, ...] float32, labels [B] int64)`` of a forward reply (or of a backward's
-    piggybacked forward)."""
-    return record_tensor(array_of(content, K.ACTIVATIONS), "x"), record_tensor(array_of(content, K.LABELS), "y")
+    piggybacked forward); labels None where the reply has none (a label-private, U-shaped head)."""
+    labels = get_array(content, K.LABELS)
+    return record_tensor(array_of(content, K.ACTIVATIONS), "x"), \
+        (None if labels is None else record_tensor(labels, "y"))
 
 
 def perturbed(content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,7 +117,7 @@ def reply_schema(action: str, sent: RecordDict, cut: int) -> ReplySchema | None:
         if cfg.next == K.NEXT_FORWARD:
             g = _shape(get_array(sent, K.GRADIENT), "g")
             return ReplySchema(activations=(cfg.batch_size, None), sample_shape=None if g is None else g[1:],
-                               labels=cfg.batch_size)
+                               labels=None if cfg.label_slot else cfg.batch_size)
         return ReplySchema(weights="some" if cfg.next == K.NEXT_WEIGHTS else "")
     if action == K.TRAIN_STEP:
         return ReplySchema(weights="some" if StepConfig.from_record(raw).return_weights else "")

@@ -26,7 +26,7 @@ from fl_app.protocol.configs import (
     ZOForwardConfig,
     ZOUpdateConfig,
 )
-from fl_app.protocol.records import array_of, record_dict, set_record, tensor_record
+from fl_app.protocol.records import array_of, get_array, record_dict, set_record, tensor_record
 
 
 class RelayTag(NamedTuple):
@@ -57,11 +57,12 @@ def content(config: ActionConfig, **records: ArrayRecord | ConfigRecord | None) 
 def forward(config: ForwardConfig, *, weights: ArrayRecord | None = None,
             relayed: RecordDict | None = None) -> RecordDict:
     """``train.forward``: ``weights`` (when given) replace the slot's; ``relayed``, the previous hop's
-    forward reply, gives the input (its ``activations`` and ``labels`` records, passed on as they are)."""
+    forward reply, gives the input (its ``activations`` and, where it has them, ``labels`` records, passed
+    on as they are; a U-shaped tail's input has none)."""
     if relayed is None:
         return content(config, weights=weights)
     return content(config, weights=weights, activations=array_of(relayed, K.ACTIVATIONS),
-                   labels=array_of(relayed, K.LABELS))
+                   labels=get_array(relayed, K.LABELS))
 
 
 def backward(config: BackwardConfig, gradient: torch.Tensor | RecordDict, *,

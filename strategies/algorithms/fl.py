@@ -37,6 +37,7 @@ log = logging.getLogger("sflower")
 class FullModelMixin(SFLStrategy):
     """The global model trained whole on clients (no split)."""
 
+    ushaped_refusal = "it trains the whole model on the client (train.fit): no cut, and the labels never leave it"
     model: BlockModel
 
     @classmethod

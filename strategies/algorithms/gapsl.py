@@ -184,6 +184,9 @@ class GAPSL(PSL):
     """GAPSL: PSL whose server step follows the leader gradient (LGI) and aligns the selected clients (GDA)."""
 
     name = "gapsl"
+    ushaped_refusal = ("LGI and GDA select and align per-client server-side gradients of losses the server "
+                       "computes from the labels (GAPSL Sec. III, eqs. 1-8); the paper defines no U-shaped form "
+                       "and none is implemented")
     options = (
         Option("gapsl-k-min", 0.2, "LGI: lower bound K_min of the selection ratio (eq. 2)", above=0, at_most=1,
                source="GAPSL eq. 2"),

@@ -48,6 +48,9 @@ class MUSplitFed(SyncSplitStrategy):
     """MU-SplitFed: ZO clients, τ ZO server updates per exchange, η_g aggregation; learns under preset=mu-splitfed."""
 
     name = "mu-splitfed"
+    ushaped_refusal = ("its clients are zeroth-order and its split server makes tau ZO updates per exchange from "
+                       "losses it computes with the labels, without waiting for the clients (MU-SplitFed Sec. 3, "
+                       "eq. 5)")
     run_with = "preset=mu-splitfed (the paper's §5 setting, under which it learns: LeNet-5, tau = 2, no clipping)"
     options = (
         Option("server-steps", 1, "τ: ZO updates of a client's server-side copy per exchange", at_least=1,

@@ -8,6 +8,8 @@ Source: GAPSL (its paper, Section III: "PSL") and docs/explanation/design.md
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import torch
 from torch import nn
 
@@ -17,35 +19,44 @@ from strategies.core.registry import register
 from strategies.core.server_step import step_on_loss
 from strategies.core.split import PerClientModels
 
+#: ``(outputs pid -> [B_k, ...], labels pid -> [B_k] or None) -> pid -> scalar loss``
+ClientLosses = Callable[[Mapping[int, torch.Tensor], Mapping[int, torch.Tensor | None]], Mapping[int, torch.Tensor]]
 
-def per_client_logits(model: nn.Module, batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
+
+def per_client_logits(model: nn.Module, batches: dict[int, tuple[torch.Tensor, torch.Tensor | None]],
+                      losses_of: ClientLosses | None = None,
                       ) -> tuple[list[int], list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
     """Run the server-side model once on the cohort's concatenated activations.
 
     Args:
         batches: ``pid -> (activations [B_k, ...], labels [B_k])``.
+        losses_of: ``(outputs, labels) -> losses``, per client (default: the mean cross-entropy); a
+            U-shaped run's clients' tails (:meth:`~strategies.core.ushaped.LabelPrivateSplit.client_losses`),
+            which leave out a client that failed.
 
     Returns:
-        ``(pids, inputs, logits, losses)``: pids ascending; each client's
-        activations as a leaf that requires grad; the logits ``[ΣB_k,
-        classes]`` in pid order; each client's mean cross-entropy ``L_k``
-        (scalars in the autograd graph of the server-side parameters).
+        ``(pids, inputs, logits, losses)``: pids ascending (those with a loss); each client's
+        activations as a leaf that requires grad; the outputs ``[ΣB_k, ...]`` of every client in pid
+        order; each client's mean loss ``L_k`` (scalars in the autograd graph of the server-side parameters).
     """
     pids = sorted(batches)
     xs = [batches[p][0].detach().requires_grad_(True) for p in pids]
     logits = model(torch.cat(xs))
-    losses, start = [], 0
-    for p, x in zip(pids, xs):
-        b = x.shape[0]
-        losses.append(nn.functional.cross_entropy(logits[start:start + b], batches[p][1]))
-        start += b
-    return pids, xs, logits, losses
+    outputs = dict(zip(pids, logits.split([x.shape[0] for x in xs])))
+    labels = {p: batches[p][1] for p in pids}
+    if losses_of is None:
+        got = {p: nn.functional.cross_entropy(z, labels[p]) for p, z in outputs.items()}
+    else:
+        got = losses_of(outputs, labels)
+    kept = [(p, x) for p, x in zip(pids, xs) if p in got]
+    return [p for p, _ in kept], [x for _, x in kept], logits, [got[p] for p, _ in kept]
 
 
-def per_client_losses(model: nn.Module, batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
+def per_client_losses(model: nn.Module, batches: dict[int, tuple[torch.Tensor, torch.Tensor | None]],
+                      losses_of: ClientLosses | None = None,
                       ) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor]]:
     """``(pids, inputs, losses)`` of :func:`per_client_logits`."""
-    pids, xs, _, losses = per_client_logits(model, batches)
+    pids, xs, _, losses = per_client_logits(model, batches, losses_of)
     return pids, xs, losses
 
 
@@ -87,6 +98,7 @@ class PSL(PerClientModels):
     """
 
     name = "psl"
+    ushaped_refusal = ""
     options = (Option("psl-loss", "mean", "PSL/EPSL: the server steps on the mean or the sum of the per-client "
                       "losses (GAPSL Sec. III does not say; GAPSL itself sums, eq. 8)", ("mean", "sum")),)
 
@@ -106,7 +118,7 @@ class PSL(PerClientModels):
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
         """One step on the mean (or sum) of the per-client losses; each client gets ``∇_{A_k} L_k``."""
-        pids, xs, losses = per_client_losses(self.server_model, batches)
+        pids, xs, losses = per_client_losses(self.server_model, batches, self.client_losses)
         step_on_loss(self.server_model, self.server_opt, self.server_loss(pids, losses), self.cfg.clip_norm)
         return self.client_gradients(pids, xs)
 
@@ -133,6 +145,8 @@ class EPSL(PSL):
     """
 
     name = "epsl"
+    ushaped_refusal = ("its server averages a fraction of the clients' last-layer (logit) gradients (EPSL §3), "
+                       "so the last layer and the labels are on the server")
     options = (Option("epsl-phi", 0.5, "fraction φ of each batch whose last-layer activation gradients the "
                       "server averages across clients (0 = PSL)", at_least=0, at_most=1,
                       source="EPSL §3"),)

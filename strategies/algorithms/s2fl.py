@@ -117,6 +117,8 @@ class S2FL(MiniBatchSFL):
     """S²FL as in GAS's baseline code: activation grouping and a time-only adaptive cut (see the module)."""
 
     name = "s2fl"
+    ushaped_refusal = ("its adaptive cut (s2fl-cuts) moves one prefix cut per client; a second cut is not part "
+                       "of S²FL and is not implemented")
     options = (
         AGGREGATION_OPTION,
         Option("s2fl-cuts", "1:2", "candidate cut layers of the adaptive cut, e.g. 1:2 (GAS's code: after "

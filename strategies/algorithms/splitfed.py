@@ -9,7 +9,7 @@ from fl_app.options import Option
 from fl_app.models import BlockModel
 from strategies.core.aggregation import AGGREGATION_OPTION
 from strategies.core.registry import register
-from strategies.core.server_step import server_step
+from strategies.core.server_step import server_step, server_steps
 from strategies.core.split import CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, ZO_OPTIONS, SyncSplitStrategy, copy_model
 
 
@@ -30,6 +30,7 @@ class SplitFedV1(SyncSplitStrategy):
     """
 
     name = "splitfed-v1"
+    ushaped_refusal = ""
     options = (AGGREGATION_OPTION, CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, *ZO_OPTIONS)
 
     def begin_round(self, cohort: list[int]) -> None:
@@ -44,17 +45,18 @@ class SplitFedV1(SyncSplitStrategy):
         under its updated copy instead of the gradient; with a ZO server the
         copy's step is ZO-SGD (eq. 5).
         """
-        grads = {}
-        for pid in sorted(batches):
-            x, y = batches[pid]
-            if self.server_zo:
+        if self.server_zo:
+            grads = {}
+            for pid in sorted(batches):
+                x, y = batches[pid]
                 self.zo_server_update(self.copies[pid], x, y, pid)
                 grads[pid] = self.feedback(self.copies[pid], y, None, pid)
-                continue
-            grad, _ = server_step(self.copies[pid], self.copy_opts[pid], x, y, self.cfg.clip_norm)
-            grads[pid] = self.feedback(self.copies[pid], y, grad, pid)
-            self.server_updates += 1
-        return grads
+            return grads
+        labels = {pid: y for pid, (_, y) in batches.items()}
+        grads = server_steps({pid: (self.copies[pid], self.copy_opts[pid], x) for pid, (x, _) in batches.items()},
+                             lambda outputs: self.client_losses(outputs, labels), self.cfg.clip_norm)
+        self.server_updates += len(grads)
+        return {pid: self.feedback(self.copies[pid], labels[pid], g, pid) for pid, g in grads.items()}
 
     def end_round(self, cohort: list[int]) -> None:
         """Aggregate the server copies of the clients that finished the round (:meth:`aggregate_models`)."""
@@ -77,6 +79,7 @@ class MiniBatchSFL(SyncSplitStrategy):
     """
 
     name = "minibatch-sfl"
+    ushaped_refusal = ""
     options = (AGGREGATION_OPTION,)
 
     def initialize(self) -> None:
@@ -95,8 +98,9 @@ class MiniBatchSFL(SyncSplitStrategy):
         """One step on ``concat(activations)``; split the gradient back per client."""
         pids = sorted(batches)
         x = torch.cat([batches[p][0] for p in pids])
-        y = torch.cat([batches[p][1] for p in pids])
-        grad, _ = server_step(self.server_model, self.server_opt, x, y, self.cfg.clip_norm)
+        y = None if self.cuts else torch.cat([batches[p][1] for p in pids])
+        grad, _ = server_step(self.server_model, self.server_opt, x, y, self.cfg.clip_norm,
+                              self.batch_loss(pids, [batches[p][0].shape[0] for p in pids]))
         self.server_updates += 1
         out, start = {}, 0
         for p in pids:
@@ -111,6 +115,7 @@ class SplitFedV2(SyncSplitStrategy):
     """SplitFed-V2 (Thapa et al. 2022): one server-side model, updated by the cohort's clients in turn."""
 
     name = "splitfed-v2"
+    ushaped_refusal = ""
     options = (AGGREGATION_OPTION,)
 
     def initialize(self) -> None:
@@ -120,11 +125,13 @@ class SplitFedV2(SyncSplitStrategy):
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
         """One server step per client, in partition order, each on the updated model."""
-        grads = {}
+        grads: dict[int, torch.Tensor] = {}
         for pid in sorted(batches):
             x, y = batches[pid]
-            grads[pid], _ = server_step(self.server_model, self.server_opt, x, y, self.cfg.clip_norm)
-            self.server_updates += 1
+            got = server_steps({pid: (self.server_model, self.server_opt, x)},
+                               lambda outputs: self.client_losses(outputs, {pid: y}), self.cfg.clip_norm)
+            grads.update(got)
+            self.server_updates += len(got)
         return grads
 
 
@@ -174,9 +181,11 @@ class VanillaSL(SplitFedV2):
         for _ in range(self.cohort_steps(order)):
             pid = order[self.turn % len(order)]
             self.turn += 1
-            replies = self.gather({pid: self.forward_request(self.cfg.batch_size, self.start_weights())})
+            replies = self.gather({pid: self.forward_request(self.cfg.batch_size, self.round_start([pid]))})
             if pid not in replies:
                 continue  # the client failed and is excluded; the model stays where it was
-            (grad,) = self.server_iteration({pid: self.smashed_of(pid, replies[pid])}).values()
-            replies = self.gather({pid: self.backward_request(grad, P.NEXT_WEIGHTS)})
-            self.collect_client_models({p: self.weights_of(c)[0] for p, c in replies.items()})
+            grads = self.server_iteration({pid: self.smashed_of(pid, replies[pid])})
+            if pid not in grads:
+                continue  # its tail failed (U-shaped): excluded
+            replies = self.gather({pid: self.backward_request(grads[pid], P.NEXT_WEIGHTS)})
+            self.collect_client_models(self.with_tails({p: self.weights_of(c)[0] for p, c in replies.items()}))

@@ -58,7 +58,7 @@ class RequestBuilder:
         timed = plan.end if timed_end is None else timed_end
         flops = self.costs.flops(plan.start, timed, plan.batch_size, backward=plan.loss)
         if not plan.loss:
-            bits = self.costs.activation_bits(timed, plan.batch_size)
+            bits = self.costs.activation_bits(timed, plan.batch_size, labels=not plan.private_labels)
         elif plan.replies_input_gradient:
             bits = self.costs.activation_bits(plan.start, plan.batch_size, labels=False)
         else:
@@ -93,7 +93,7 @@ class RequestBuilder:
         bits = 0.0
         if config.next == P.NEXT_FORWARD:
             flops += self.costs.flops(start, timed, config.batch_size)
-            bits = self.costs.activation_bits(timed, config.batch_size)
+            bits = self.costs.activation_bits(timed, config.batch_size, labels=not config.label_slot)
         elif config.next == P.NEXT_WEIGHTS and upload:
             bits = self.costs.param_bits(start, end)
         return Request(P.TRAIN_BACKWARD, content, flops, bits, tag=tag, metered=upload or config.next != P.NEXT_WEIGHTS)

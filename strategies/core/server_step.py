@@ -11,7 +11,7 @@ is ``∂L/∂A`` without touching the model (GAS's ``G_k``, S²FL's clients);
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -76,6 +76,35 @@ def server_step(model: nn.Module, opt: torch.optim.Optimizer, activations: torch
     loss = (loss_fn or nn.functional.cross_entropy)(model(x), labels)
     step_on_loss(model, opt, loss, clip_norm)
     return (x.grad.detach() if input_grad else None), loss.detach()
+
+
+def server_steps(steps: Mapping[int, tuple[nn.Module, torch.optim.Optimizer, torch.Tensor]],
+                 losses: Callable[[dict[int, torch.Tensor]], Mapping[int, torch.Tensor]],
+                 clip_norm: float) -> dict[int, torch.Tensor]:
+    """One step of each client's server-side model on its activations, the losses of all outputs at once.
+
+    Args:
+        steps: ``pid -> (model, optimizer, activations [B, ...])``.
+        losses: the outputs ``pid -> model(activations)`` to ``pid -> scalar loss`` (the cross-entropy against
+            the labels, or the clients' tails in a U-shaped split:
+            :meth:`~strategies.core.ushaped.LabelPrivateSplit.client_losses`); a pid it leaves out takes no
+            step and gets no gradient.
+
+    Returns:
+        ``pid -> dL/d(activations)`` (same shapes), in ascending pid order; each model stepped once as
+        :func:`server_step` steps it (bit-identical with the cross-entropy).
+
+    Raises:
+        DivergedError: a loss is not finite.
+    """
+    leaves = {pid: steps[pid][2].detach().requires_grad_(True) for pid in sorted(steps)}
+    got = losses({pid: steps[pid][0](x) for pid, x in leaves.items()})
+    grads = {}
+    for pid in sorted(got):
+        model, opt, _ = steps[pid]
+        step_on_loss(model, opt, got[pid], clip_norm)
+        grads[pid] = leaves[pid].grad.detach()
+    return grads
 
 
 def activation_gradient(model: nn.Module, activations: torch.Tensor, labels: torch.Tensor,

@@ -31,14 +31,14 @@ from fl_app import protocol as P
 from fl_app.config import RunConfig
 from fl_app.options import Option
 from fl_app.errors import ConfigError
-from fl_app.models import BlockModel, split_model
+from fl_app.models import BlockModel
 from fl_app.task import Task
 from fl_app.training import make_sgd
-from strategies.core.base import SFLStrategy
 from strategies.core.loops import SyncStrategy
 from strategies.core.dispatcher import Request
 from strategies.core.requests import optimizer_settings
 from strategies.core.server_step import LossFn, zo_step
+from strategies.core.ushaped import LabelPrivateSplit
 
 
 #: Options of every strategy whose clients can train with zeroth-order updates (MU-SplitFed, docs/explanation/design.md §7).
@@ -85,8 +85,8 @@ def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, 
     return ZOFeedback(diffs)
 
 
-class SplitMixin(SFLStrategy):
-    """The global model split at the cut layer, and the split-learning requests."""
+class SplitMixin(LabelPrivateSplit):
+    """The global model split at the cut layer (or two: :mod:`strategies.core.ushaped`), and the requests."""
 
     model: BlockModel
     client_model: BlockModel
@@ -103,7 +103,7 @@ class SplitMixin(SFLStrategy):
         self.model = self.task.build_model()
         if self.device.type != "cpu":
             self.model.to(self.device)
-        self.client_model, self.server_model = split_model(self.model, self.cut)
+        self.client_model, self.server_model = self.split_parts(self.model)
         #: ZO clients: pid -> (h⁺, h⁻) of its latest forward, until :meth:`feedback` uses them
         self.zo_pairs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -172,7 +172,8 @@ class SplitMixin(SFLStrategy):
             config = P.ZOForwardConfig(slot=slot, end=end, batch_size=batch, perturbations=c.perturbations,
                                        smoothing=c.zo_smoothing, **self.optimizer_config(c.zo_clip))
             return self.requests.zo_forward(config, weights, tag=tag)
-        config = P.ForwardConfig(slot=slot, start=start, end=end, batch_size=batch, **self.optimizer_config())
+        config = P.ForwardConfig(slot=slot, start=start, end=end, batch_size=batch, label_slot=self.label_slot,
+                                 **self.optimizer_config())
         return self.requests.forward(config, weights=weights, tag=tag, timed_end=timed_end)
 
     def backward_request(self, grad: torch.Tensor | ZOFeedback, nxt: str, next_batch: int = 0, *, start: int = 0,
@@ -198,7 +199,8 @@ class SplitMixin(SFLStrategy):
             config = P.ZOUpdateConfig(slot=slot, diffs=grad.diffs, smoothing=c.zo_smoothing, next=nxt,
                                       batch_size=next_batch, **self.optimizer_config(c.zo_clip))
             return self.requests.zo_update(config, c.perturbations, end=end, upload=upload, tag=tag)
-        config = P.BackwardConfig(slot=slot, next=nxt, batch_size=next_batch, **self.optimizer_config())
+        config = P.BackwardConfig(slot=slot, next=nxt, batch_size=next_batch, label_slot=self.label_slot,
+                                  **self.optimizer_config())
         return self.requests.backward(config, grad, start=start, end=end, upload=upload, tag=tag,
                                       timed_end=timed_end)
 
@@ -220,13 +222,14 @@ class SplitMixin(SFLStrategy):
         plus, minus = self.zo_pairs.pop(pid)
         return loss_differences(model, plus, minus, labels, loss_fn)
 
-    def smashed_of(self, pid: int, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(activations [B, ...] float32, labels [B] int64)`` of a forward reply, on :attr:`device`;
-        with ZO clients, keep its perturbed pairs for :meth:`feedback`."""
+    def smashed_of(self, pid: int, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(activations [B, ...] float32, labels [B] int64)`` of a forward reply, on :attr:`device` (labels
+        None in a U-shaped run: they stay on the client); with ZO clients, keep its perturbed pairs for
+        :meth:`feedback`."""
         if self.client_zo:
             self.zo_pairs[pid] = tuple(self.on_device(t) for t in P.replies.perturbed(content))
         x, y = P.replies.activations(content)
-        return self.on_device(x), self.on_device(y)
+        return self.on_device(x), (None if y is None else self.on_device(y))
 
     @staticmethod
     def weights_of(content: RecordDict) -> tuple[dict[str, torch.Tensor], int]:
@@ -308,18 +311,21 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         sizes = {pid: self.batch_size_for(pid, cohort) for pid in cohort}
         steps = {pid: self.local_steps(pid, sizes[pid]) for pid in cohort}
         self.begin_round(cohort)
-        start = self.start_weights()
+        start = self.round_start(cohort)
         replies = self.gather({pid: self.forward_request(sizes[pid], start, timed_end=self.timed_cut(pid))
                                for pid in cohort})
         uploads: dict[int, dict[str, torch.Tensor]] = {}
         done = 0
         while replies:
             grads = self.server_iteration({pid: self.smashed_of(pid, c) for pid, c in replies.items()})
+            if self.cuts:  # a client whose tail failed is excluded: it gets nothing more
+                grads = {pid: g for pid, g in grads.items() if pid not in self.membership.failed}
             done += 1
             replies = self.gather({pid: self.next_request(pid, g, P.NEXT_FORWARD if done < steps[pid] else
                                                           P.NEXT_WEIGHTS, sizes[pid]) for pid, g in grads.items()})
             uploads.update({pid: self.weights_of(c)[0] for pid, c in replies.items() if done >= steps[pid]})
             replies = {pid: c for pid, c in replies.items() if done < steps[pid]}
+        uploads = self.with_tails(uploads)
         self.collect_client_models(uploads)
         self.end_round(sorted(uploads))
 
@@ -355,7 +361,7 @@ class PerClientModels(SyncSplitStrategy):
         out = {}
         for pid in self.live_clients():
             model = copy.deepcopy(self.model)
-            client, _ = split_model(model, self.cut)
+            client = self.client_part(model)
             client.load_state_dict(self.client_states.get(pid, self.initial_client_state))
             out[pid] = model
         return out

@@ -121,6 +121,8 @@ class GAS(SplitMixin, AsyncStrategy):
     """GAS (AAAI 2025): asynchronous SFL with activation and model buffers and generated activations."""
 
     name = "gas"
+    ushaped_refusal = ("its server keeps an activation distribution per label and generates labelled activations "
+                       "to update the server-side model (GAS, Generative Activation-Aided Updates)")
     run_with = "preset=gas-reference (the authors' code: their AlexNet, PyTorch's init, one shared client momentum)"
     options = GAS_OPTIONS
 

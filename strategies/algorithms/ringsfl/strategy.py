@@ -111,6 +111,8 @@ class RingSFL(SyncStrategy):
     """
 
     name = "ringsfl"
+    ushaped_refusal = ("it has no server-side model: each batch is relayed client to client round the ring with "
+                       "its labels, to the node that computes the loss (RingSFL Sec. 3)")
     run_with = ("preset=ringsfl-reference (the authors' code: plain SGD at lr 0.02, which eq. 7's v2 "
                 "multiplier assumes; v1 and v2 alike; add partition=label-sorted for their non-IID split)")
     options = (
