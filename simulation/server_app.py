@@ -24,9 +24,11 @@ from fl_app.device import resolve_device
 from fl_app.errors import ConfigError
 from fl_app.link import check_links
 from fl_app.numerics import establish, machine_record
+from fl_app.privacy import check_defences
 from simulation.outputs.records import RunRecorder, default_output_dir
 from simulation.outputs.saved_model import ModelSaver
 from fl_app.task import Task, check_batch_size, load_task, write_partition_plot
+from simulation.privacy.record import ReceivedActivations, check_record
 from simulation.session import check_transport, choose_transport, open_session_grid
 from simulation.timing.clocks import VirtualClock, WallClock
 from simulation.timing.devices import draw_profiles
@@ -84,7 +86,12 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     task = load_task(cfg)
     check_batch_size(task, cfg.batch_size)
     strategy_cls.check_config(cfg, task)
-    check_links(strategy_cls.name, strategy_cls.weights_only_links(cfg), cfg)
+    weights_only = strategy_cls.weights_only_links(cfg)
+    check_links(strategy_cls.name, weights_only, cfg)
+    # no activations up: nothing to defend; no gradient down: the clients never back-propagate one
+    check_defences(strategy_cls.name, cfg, sends_activations="up" not in weights_only,
+                   zeroth_order="down" in weights_only)
+    check_record(cfg)
     check_transport(cfg)
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
     if out.exists() and not out.is_dir():
@@ -169,6 +176,7 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     saver.bind(strategy)
     if cfg.checkpoint_every:
         strategy.checkpoint_path = plan.out_dir / CHECKPOINT_FILE
+    received = strategy.exchange.tap = ReceivedActivations() if cfg.get("privacy-record") else None
     strategy.resume_from = plan.resume_from
     if extra["transport"] == "session":  # docs/explanation/design.md §4, "The session transport"
         grid = open_session_grid(grid, cfg)
@@ -179,6 +187,8 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
             grid.close()
     else:
         strategy.start(grid)
+    if received is not None:  # privacy-record: what the server received, for sflower attack
+        received.write(plan.out_dir)
     return strategy.summary_dict()
 
 
