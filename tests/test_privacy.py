@@ -150,3 +150,28 @@ def test_defences_lower_the_inversion(attacked):
     for name in ("nopeek", "noise"):
         assert attacked[name]["psnr"] < none["psnr"] - 2.0, name
         assert attacked[name]["ssim"] < none["ssim"], name
+
+
+def test_report_adds_the_inversion_columns_and_plots(tmp_path):
+    """Attacked runs: PSNR and SSIM columns (mean ± 95 % half-width), privacy.png and cut-layer.png."""
+    import pandas as pd
+
+    from simulation.outputs.privacy_report import plot_cut_layer, plot_privacy
+    from simulation.outputs.report import _label, summarize
+
+    nan = float("nan")
+    table = pd.DataFrame({
+        "strategy": ["gas"] * 4, "cut-layer": [1, 1, 3, 3], "status": ["completed"] * 4,
+        "final_accuracy": [0.6, 0.7, 0.6, 0.5], "best_accuracy": [0.6, 0.7, 0.6, 0.5],
+        "time_to_target_s": [nan] * 4, "iterations_to_target": [nan] * 4,
+        "inversion_psnr": [30.0, 32.0, 20.0, 20.0], "inversion_ssim": [0.9, 0.9, 0.5, 0.7],
+        "inversion_mse": [0.001] * 4,
+    })
+    rows = summarize(table, ["cut-layer"]).set_index("cut-layer")
+    # (30, 32): mean 31, sd 1.414, sem 1, t(0.975, 1 df) = 12.706
+    assert rows.loc[1, "inversion PSNR (dB)"] == "31.00 ± 12.71"
+    assert rows.loc[3, "inversion SSIM"] == "0.600 ± 1.271"  # sd 0.1414, sem 0.1
+    assert "inversion PSNR (dB)" not in summarize(table.drop(columns=["inversion_psnr"]), ["cut-layer"]).columns
+    assert plot_privacy(tmp_path, table, ["cut-layer"], _label).stat().st_size > 0
+    assert plot_cut_layer(tmp_path, table, ["strategy", "cut-layer"]).stat().st_size > 0
+    assert plot_cut_layer(tmp_path, table, ["strategy"]) is None

@@ -35,9 +35,10 @@ BATCH = 64
 class Decoder(nn.Module):
     """An inverse network from activations ``[B, *act_shape]`` to inputs ``[B, C, H, W]``.
 
-    Feature maps (``act_shape`` ``(C', H', W')``): conv 3×3 to 64 channels, bilinear resize to
-    ``(H, W)``, two conv 3×3 (32, then ``C``). Vectors (``(D,)``): a linear layer to
-    ``64 × ⌈H/4⌉ × ⌈W/4⌉``, then the same resize and convs. ReLU between layers.
+    Feature maps (``act_shape`` ``(C', H', W')``): conv 3×3 to 32 channels, bilinear resize to
+    ``(H, W)``, two conv 3×3 (16, then ``C``). Vectors (``(D,)``): a linear layer to
+    ``32 × ⌈H/4⌉ × ⌈W/4⌉``, then the same resize and convs. ReLU between layers. Small on purpose: a
+    sweep attacks every run on one CPU thread.
     """
 
     def __init__(self, act_shape: tuple[int, ...], input_shape: tuple[int, int, int]) -> None:  # noqa: D107
@@ -45,13 +46,13 @@ class Decoder(nn.Module):
         c, h, w = input_shape
         self.flat = len(act_shape) != 3
         if self.flat:
-            self.seed_shape = (64, -(-h // 4), -(-w // 4))
+            self.seed_shape = (32, -(-h // 4), -(-w // 4))
             self.head: nn.Module = nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(act_shape)),
                                                                          int(np.prod(self.seed_shape))), nn.ReLU())
         else:
-            self.head = nn.Sequential(nn.Conv2d(act_shape[0], 64, 3, padding=1), nn.ReLU())
+            self.head = nn.Sequential(nn.Conv2d(act_shape[0], 32, 3, padding=1), nn.ReLU())
         self.body = nn.Sequential(nn.Upsample(size=(h, w), mode="bilinear", align_corners=False),
-                                  nn.Conv2d(64, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, c, 3, padding=1))
+                                  nn.Conv2d(32, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, c, 3, padding=1))
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         """Reconstructions ``[B, C, H, W]`` (in the normalised input space) of activations ``z``."""
