@@ -179,6 +179,7 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
     (out / "sweep.json").write_text(json.dumps(spec, indent=2))
     grid_keys = list(spec["grid"])
     runs = expand(spec)
+    attack = str(spec["meta"]["attack"]) if "attack" in spec["meta"] else None
     for i, run in enumerate(runs, 1):
         run_dir = out / run_name(run, grid_keys)
         with claim(out, run_dir.name) as mine:
@@ -187,6 +188,8 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
                 continue
             if is_complete(run_dir):
                 print(f"[{i}/{len(runs)}] {run_dir.name}: done, skipped")
+                if attack is not None:
+                    attack_run(run_dir, attack)
                 continue
             print(f"[{i}/{len(runs)}] {run_dir.name}")
             cfg = run_config(run)
@@ -199,25 +202,26 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
             except (DivergedError, RunFailedError) as err:
                 outcome = "diverged" if isinstance(err, DivergedError) else "failed"
                 print(f"[{i}/{len(runs)}] {run_dir.name}: {outcome}: {err}")
-    if "attack" in spec["meta"]:
-        attack_runs(out, [out / run_name(run, grid_keys) for run in runs], str(spec["meta"]["attack"]))
+            if attack is not None:
+                attack_run(run_dir, attack)
     table = collect(out, target=float(spec["meta"].get("target-accuracy", 0.0)))
     return table
 
 
-def attack_runs(out: Path, run_dirs: list[Path], options: str) -> None:
+def attack_run(run_dir: Path, options: str) -> None:
     """``[meta] attack = "KEY=VALUE ..."``: ``sflower attack`` (:func:`simulation.privacy.attack.run_attack`,
-    with those keys) on each completed run of the sweep that has no ``privacy/inversion.json`` yet (claimed
-    as its run is, so that processes sharing the directory split the work)."""
+    with those keys) on a run the sweep holds, right after it completed (or when a resumed sweep finds it
+    completed without ``privacy/inversion.json``); a run that diverged or failed is not attacked."""
     from fl_app.config import parse_key_values
     from simulation.privacy.attack import RESULT_JSON, run_attack
 
+    if not (run_dir / "summary.json").is_file() or (run_dir / "privacy" / RESULT_JSON).is_file():
+        return
+    if json.loads((run_dir / "summary.json").read_text()).get("status") != "completed":
+        return
     opts = {k.replace("_", "-"): v for k, v in parse_key_values(options.split()).items()}
-    for run_dir in run_dirs:
-        with claim(out, run_dir.name) as mine:
-            if mine and is_complete(run_dir) and not (run_dir / "privacy" / RESULT_JSON).is_file():
-                res = run_attack(run_dir, **opts)
-                print(f"{run_dir.name}: inversion PSNR {res['psnr']:.2f} dB, SSIM {res['ssim']:.3f}")
+    res = run_attack(run_dir, **opts)
+    print(f"{run_dir.name}: inversion PSNR {res['psnr']:.2f} dB, SSIM {res['ssim']:.3f}")
 
 
 def time_to_target(metrics: pd.DataFrame, target: float) -> tuple[float, float]:

@@ -123,10 +123,11 @@ SMALL = {"strategy": "splitfed-v1", "model": "lenet5", "cut-layer": 1, "dataset"
 
 @pytest.fixture(scope="module")
 def attacked(fmnist_dir, tmp_path_factory, one_torch_thread):
-    """PSNR/SSIM of the inversion of three small runs: no defence, NoPeek α=5, noise σ=1 at C=10."""
+    """The inversion of three small runs: no defence, NoPeek α=1000 (no step clipping: the dCor gradient of a
+    conv layer is small, ~0.015), noise σ=0.03 at C=50 (activation norms are ~100 here)."""
     out = {}
-    for name, extra in (("none", {}), ("nopeek", {"nopeek-alpha": 5.0}),
-                        ("noise", {"act-clip": 10.0, "act-noise": 1.0})):
+    for name, extra in (("none", {}), ("nopeek", {"nopeek-alpha": 1000.0, "clip-norm": 0.0}),
+                        ("noise", {"act-clip": 50.0, "act-noise": 0.03})):
         run_dir = tmp_path_factory.mktemp(name) / "run"
         values = {**SMALL, **extra, "data-dir": fmnist_dir, "output-dir": run_dir}
         assert main(cli_args(values)) == 0
@@ -140,13 +141,15 @@ def test_inversion_recovers_garments_without_defence(attacked):
     res = attacked["none"]
     assert res["samples"] == 4 * 32 and res["unmatched_clients"] == []
     assert res["client_model"] == "uploaded"
-    # 18 dB: garments are recognisable in the grid (docs/results/privacy); the mean-image floor is ~10 dB
-    assert res["psnr"] > 18.0 and res["ssim"] > 0.5
-    assert res["psnr"] > res["psnr_floor"] + 6.0
+    # measured 26.2 dB, SSIM 0.80: garments are recognisable in the grid (docs/results/privacy.md); the
+    # mean-image floor is 10.8 dB
+    assert res["psnr"] > 22.0 and res["ssim"] > 0.6
+    assert res["psnr"] > res["psnr_floor"] + 10.0
 
 
 def test_defences_lower_the_inversion(attacked):
     none = attacked["none"]
+    # measured: NoPeek 22.9 dB (-3.3), noise ~17 dB
     for name in ("nopeek", "noise"):
         assert attacked[name]["psnr"] < none["psnr"] - 2.0, name
         assert attacked[name]["ssim"] < none["ssim"], name
