@@ -253,27 +253,9 @@ def _load_device_task(key: tuple[tuple[str, object], ...], data_dir: str) -> Tas
         partition_scheme="device",
         init=str(values["init"]),
         init_seed=int(values["init-seed"]),
-        holdout=holdout,
     )
     task.split()  # validates model name and cut layer
     return task
-
-
-def held_out(n: int, count: int, seed: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """``(pool, holdout)``: ``holdout`` is ``count`` of the ``n`` training indices drawn without replacement
-    (the head of a ``numpy.random.default_rng((seed, 35))`` permutation), ``pool`` the others, which the
-    partitions are built from; both sorted int64. ``count`` 0: ``(None, None)`` (every index is partitioned,
-    as before).
-
-    Raises:
-        ConfigError: ``count`` leaves fewer than one training example.
-    """
-    if count <= 0:
-        return None, None
-    if count >= n:
-        raise ConfigError(f"aux-holdout={count} leaves no training example (the dataset has {n})")
-    perm = np.random.default_rng((int(seed), 35)).permutation(n)
-    return np.sort(perm[count:]).astype(np.int64), np.sort(perm[:count]).astype(np.int64)
 
 
 #: Run-config keys that define a run's partitions (what ``sflower partition`` takes, besides ``out``).

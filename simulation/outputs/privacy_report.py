@@ -45,6 +45,18 @@ def privacy_columns(group: pd.DataFrame) -> dict[str, str]:
     return {"inversion PSNR (dB)": _mean(group[PSNR], 2), "inversion SSIM": _mean(group["inversion_ssim"], 3)}
 
 
+def _finish(fig: Any, ax: Any, path: Path, legend_size: int | None = None) -> Path:
+    """Grid and legend on ``ax``, then ``fig`` saved to ``path`` (100 dpi) and closed; ``path``."""
+    import matplotlib.pyplot as plt
+
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def _groups(table: pd.DataFrame, keys: list[str]):
     keys = [k for k in keys if k in table.columns] or ["strategy"]
     for values, group in table[table[PSNR].notna()].groupby(keys, sort=False):
@@ -74,13 +86,7 @@ def plot_privacy(out: Path, table: pd.DataFrame, keys: list[str], label: Any) ->
                     textcoords="offset points")
     ax.set_xlabel("inversion PSNR (dB; higher: the server reconstructs the inputs better)")
     ax.set_ylabel("final test accuracy (%, mean and 95% interval)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    path = out / "privacy.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, out / "privacy.png")
 
 
 def plot_cut_layer(out: Path, table: pd.DataFrame, keys: list[str]) -> Path | None:
@@ -106,10 +112,4 @@ def plot_cut_layer(out: Path, table: pd.DataFrame, keys: list[str]) -> Path | No
         ax.errorbar(cuts, means, yerr=halves, marker="o", capsize=3, label="/".join(str(v) for v in values))
     ax.set_xlabel("cut layer (the client holds blocks [0, cut))")
     ax.set_ylabel("inversion PSNR (dB)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "cut-layer.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, out / "cut-layer.png", legend_size=7)
