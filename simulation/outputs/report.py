@@ -407,11 +407,11 @@ def report(out_dir: str | Path) -> Path:
         plot_curves(out, table, keys, "grad_dissimilarity", "dissimilarity.png",
                     "gradient dissimilarity (GAS Fig. 2)", logy=True)
         plot_profiles(out, out / table["run"].iloc[0])
+        if attacked(table):
+            plot_privacy(out, table, keys, _label)
+            plot_cut_layer(out, table, keys)
     if meta.get("show-bytes"):
         plot_bytes(out, table, keys)
-    if attacked(table):
-        plot_privacy(out, table, keys, _label)
-        plot_cut_layer(out, table, keys)
     path = out / "report.md"
     path.write_text(render(out, table, keys, meta))
     return path

@@ -459,8 +459,11 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         return {k: v for k, v in vars(self).items() if k not in self.NOT_CHECKPOINTED}
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
-        """Hook: restore :meth:`checkpoint_state` (the resumed run skips :meth:`initialize`)."""
+        """Hook: restore :meth:`checkpoint_state` (the resumed run skips :meth:`initialize`). The exchange's
+        ``tap`` (set by the runner, never saved) carries over to the restored exchange."""
+        tap = self.exchange.tap
         self.__dict__.update(state)
+        self.exchange.tap = tap
 
     def maybe_checkpoint(self) -> None:
         """Write a checkpoint (:meth:`Checkpointer.write <strategies.core.checkpoint.Checkpointer.write>`) when
