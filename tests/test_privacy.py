@@ -178,3 +178,18 @@ def test_report_adds_the_inversion_columns_and_plots(tmp_path):
     assert plot_privacy(tmp_path, table, ["cut-layer"], _label).stat().st_size > 0
     assert plot_cut_layer(tmp_path, table, ["strategy", "cut-layer"]).stat().st_size > 0
     assert plot_cut_layer(tmp_path, table, ["strategy"]) is None
+
+
+def test_noise_is_seeded_per_node_and_forward(tmp_path, one_torch_thread):
+    """The same seed gives the same metrics with noise on (no global RNG); the noise does change them."""
+    from tests.conftest import read_metrics
+
+    values = {"strategy": "splitfed-v1", "dataset": "mnist-5k", "model": "lenet5", "cut-layer": 3,
+              "num-clients": 2, "concurrency": 2, "global-iterations": 1, "local-iterations": 3, "batch-size": 8}
+    rows = {}
+    for name, extra in (("a", {"act-clip": 20.0, "act-noise": 0.05, "nopeek-alpha": 1.0}),
+                        ("b", {"act-clip": 20.0, "act-noise": 0.05, "nopeek-alpha": 1.0}), ("off", {})):
+        assert main(cli_args({**values, **extra, "output-dir": tmp_path / name}, "-q")) == 0
+        rows[name] = [(r["test_accuracy"], r["test_loss"]) for r in read_metrics(tmp_path / name / "metrics.csv")]
+    assert rows["a"] == rows["b"]
+    assert rows["a"][-1] != rows["off"][-1]
