@@ -28,7 +28,7 @@ from fl_app.privacy import check_defences
 from simulation.outputs.records import RunRecorder, default_output_dir
 from simulation.outputs.saved_model import ModelSaver
 from fl_app.task import Task, check_batch_size, load_task, write_partition_plot
-from simulation.privacy.record import ReceivedActivations, check_record
+from simulation.privacy.record import ReceivedActivations, attach, check_record
 from simulation.session import check_transport, choose_transport, open_session_grid
 from simulation.timing.clocks import VirtualClock, WallClock
 from simulation.timing.devices import draw_profiles
@@ -176,7 +176,9 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     saver.bind(strategy)
     if cfg.checkpoint_every:
         strategy.checkpoint_path = plan.out_dir / CHECKPOINT_FILE
-    received = strategy.exchange.tap = ReceivedActivations() if cfg.get("privacy-record") else None
+    received = ReceivedActivations() if cfg.get("privacy-record") else None
+    if received is not None:
+        attach(strategy, received)
     strategy.resume_from = plan.resume_from
     if extra["transport"] == "session":  # docs/explanation/design.md §4, "The session transport"
         grid = open_session_grid(grid, cfg)

@@ -13,6 +13,7 @@ truth (:func:`fl_app.privacy.write_ground_truth`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
@@ -62,3 +63,16 @@ def check_record(cfg: RunConfig) -> None:
     if cfg.get("privacy-record") and not str(cfg.get("output-dir")):
         raise ConfigError("privacy-record=true needs output-dir=RUN_DIR: the clients write the evaluator's "
                           "ground truth there")
+
+
+def attach(strategy: Any, recorder: ReceivedActivations) -> None:
+    """Make ``recorder`` the tap of ``strategy``'s exchange, also after a checkpoint restores the exchange
+    (resume, ``node-loss=rollback``: the restored exchange is a new object, and the tap is never saved)."""
+    strategy.exchange.tap = recorder
+    load = strategy.checkpoints.load_state
+
+    def load_then_tap(state: dict[str, Any]) -> None:
+        load(state)
+        strategy.exchange.tap = recorder
+
+    strategy.checkpoints.load_state = load_then_tap

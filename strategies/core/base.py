@@ -148,7 +148,8 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         self._bar: Any = None
         #: when and where checkpoints are written, and the resume (:class:`~strategies.core.checkpoint.Checkpointer`)
         self.checkpoints = Checkpointer(self.name, self.checkpoint_state, self.load_checkpoint_state,
-                                        self._environment, self._new_dispatcher, self._live_nodes,
+                                        self._environment, self._new_dispatcher,
+                                        lambda: {p: self.clients[p].node_id for p in self.live_clients()},
                                         lambda grid: self.membership.reconnect(grid, self.cfg, self.cfg.node_timeout),
                                         cfg.node_timeout)
         self._run_start = 0.0
@@ -299,10 +300,6 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         """A dispatcher on ``grid`` for the registered clients' nodes."""
         return Dispatcher(grid, self.clock, {p: c.node_id for p, c in self.clients.items()},
                           timeout=self.cfg.node_timeout)
-
-    def _live_nodes(self) -> dict[int, int]:
-        """Partition id -> node id of the live clients."""
-        return {p: self.clients[p].node_id for p in self.live_clients()}
 
     def readmit(self) -> list[int]:
         """Re-admit excluded clients whose SuperNode came back (:meth:`~strategies.core.exchange.Exchange.readmit`)."""
@@ -459,11 +456,11 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         return {k: v for k, v in vars(self).items() if k not in self.NOT_CHECKPOINTED}
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
-        """Hook: restore :meth:`checkpoint_state` (the resumed run skips :meth:`initialize`). The exchange's
-        ``tap`` (set by the runner, never saved) carries over to the restored exchange."""
-        tap = self.exchange.tap
+        """Hook: restore :meth:`checkpoint_state` (the resumed run skips :meth:`initialize`); attributes made
+        after the checkpoint are dropped, as a fresh process would not have them (a rollback restores in place)."""
+        for key in [k for k in vars(self) if k not in self.NOT_CHECKPOINTED and k not in state]:
+            delattr(self, key)
         self.__dict__.update(state)
-        self.exchange.tap = tap
 
     def maybe_checkpoint(self) -> None:
         """Write a checkpoint (:meth:`Checkpointer.write <strategies.core.checkpoint.Checkpointer.write>`) when
