@@ -13,11 +13,13 @@ Where it happens, and nowhere else:
 
 * client side, :func:`client_mod` (a Flower mod of the ClientApp): it decodes
   every request before its handler runs, and passes every reply through
-  :data:`UPLINK_STAGES`, the client's uplink pipeline, in this order:
-  ``clip`` (reserved), ``noise`` (reserved: the privacy issue adds noise
-  here, to the float32 tensors, before they are encoded), ``compress``. A
-  stage is a function ``(links, content, owner) -> content``; the order is
-  the tuple's;
+  :data:`UPLINK_STAGES`, the client's uplink pipeline (now only
+  ``compress``). A stage is a function ``(links, content, owner) -> content``;
+  the order is the tuple's. The activation defences (clipping and noise,
+  :mod:`fl_app.privacy`) are not a stage: they run inside the client's
+  forward pass, before this pipeline, because the noise must be seeded by the
+  forward pass and the client's ``train.backward`` must recompute exactly
+  what it sent, which a stage without the node's state could not do;
 * server side, :class:`strategies.core.exchange.Exchange`: ``send`` encodes
   each request's content with the downlink codec (the request keeps its
   float32 content; the dispatcher sends the encoded one), ``receive`` counts
@@ -174,7 +176,7 @@ def _compress(links: LinkCodecs, content: RecordDict, owner: object) -> RecordDi
 
 
 #: The client's uplink pipeline, in order: ``(name, stage)``; each stage maps float32 content to content.
-#: Clipping and noise (the privacy issue) go before ``compress``, which must stay last.
+#: ``compress`` must stay last. (The activation defences run earlier, in the forward pass: fl_app.privacy.)
 UPLINK_STAGES: tuple[tuple[str, Callable[[LinkCodecs, RecordDict, object], RecordDict]], ...] = (
     ("compress", _compress),
 )

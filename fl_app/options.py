@@ -257,6 +257,18 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("compress-down", "none", "codec of what the server sends down: gradients, relayed activations, model "
            "downloads; the values of `compress-up`", choices=_CODECS),
     Option("topk-ratio", 0.1, "`topk`: the fraction of each tensor's entries sent, k = ceil(ratio·n)", above=0, at_most=1),
+    Option("nopeek-alpha", 0.0, "NoPeek: the client adds α·dCor(inputs, activations) to its loss (0 = off); "
+           "split strategies whose clients back-propagate (see the privacy how-to)", at_least=0,
+           source="Vepakomma et al., NoPeek, ICDMW 2020, eq. 2"),
+    Option("act-clip", 0.0, "clip each sample's uploaded activation to this L2 norm C on the client (0 = off)",
+           at_least=0),
+    Option("act-noise", 0.0, "σ: add N(0, (σ·C)²) noise to each uploaded activation coordinate after `act-clip`, "
+           "seeded per node and forward pass (0 = off; needs `act-clip`); no ε is claimed", at_least=0),
+    Option("aux-holdout", 0, "hold this many training examples (seeded) out of every client's partition: the "
+           "attacker's auxiliary data for `sflower attack` (0 = none; the partitions are then unchanged)", at_least=0),
+    Option("privacy-record", False, "record for `sflower attack`: the server keeps the last activations each client "
+           "sent (`RUN_DIR/privacy/received.npz`), each client writes the evaluator's ground truth of that batch "
+           "(`RUN_DIR/privacy/evaluator/`); needs `output-dir`"),
     Option("preset", "", "a preset: `presets/NAME.toml` (or a path to a TOML file of run-config keys) applied "
            "before your keys; every key you give wins over the preset's, at any value. `sflower presets` "
            "lists them"),

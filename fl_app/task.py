@@ -33,7 +33,7 @@ from fl_app.models import BlockModel, BlockProfile, build_model, profile_blocks,
 TASK_KEYS = (
     "dataset", "data-dir", "partition", "alpha", "shards", "min-partition-size", "num-classes-per-partition",
     "class-assignment-mode", "partition-sizes", "num-clients", "model", "cut-layer", "seed", "init", "init-seed",
-    "partition-seed", "normalize",
+    "partition-seed", "normalize", "aux-holdout",
 )
 
 
@@ -56,6 +56,8 @@ class Task:
             :func:`fl_app.models.build_model`); part of :data:`TASK_KEYS`,
             so the server and every client build the same initial model.
         init_seed: the seed the initial model is built from; ``-1`` (default): ``seed``.
+        holdout: int64 indices into the training set that no partition contains (``aux-holdout``: the
+            auxiliary data of ``sflower attack``); None when nothing is held out.
     """
 
     data: ImageDataset
@@ -66,6 +68,7 @@ class Task:
     partition_scheme: str = "iid"
     init: str = "default"
     init_seed: int = -1
+    holdout: np.ndarray | None = None
 
     @functools.cached_property
     def _template(self) -> BlockModel:
@@ -135,18 +138,22 @@ def preload_task(cfg: RunConfig, task: Task) -> None:
 def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
     values = dict(key)
     data = normalised(load_dataset(str(values["dataset"]), str(values["data-dir"]) or None), str(values["normalize"]))
+    seed = int(values["seed"]) if int(values["partition-seed"]) < 0 else int(values["partition-seed"])
+    pool, holdout = held_out(len(data.y_train), int(values["aux-holdout"]), seed)
     parts = partition_indices(
-        data.y_train.numpy(),
+        data.y_train.numpy() if pool is None else data.y_train.numpy()[pool],
         int(values["num-clients"]),
         str(values["partition"]),
         alpha=float(values["alpha"]),
         shards=int(values["shards"]),
-        seed=int(values["seed"]) if int(values["partition-seed"]) < 0 else int(values["partition-seed"]),
+        seed=seed,
         min_partition_size=int(values["min-partition-size"]),
         num_classes_per_partition=int(values["num-classes-per-partition"]),
         class_assignment_mode=str(values["class-assignment-mode"]),
         partition_sizes=parse_partition_sizes(str(values["partition-sizes"])),
     )
+    if pool is not None:  # indices into the pool -> into the training set
+        parts = [pool[np.asarray(p, dtype=np.int64)] for p in parts]
     task = Task(
         data=data,
         partitions=tuple(parts),
@@ -156,9 +163,27 @@ def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
         partition_scheme=str(values["partition"]),
         init=str(values["init"]),
         init_seed=int(values["init-seed"]),
+        holdout=holdout,
     )
     task.split()  # validates model name and cut layer
     return task
+
+
+def held_out(n: int, count: int, seed: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``(pool, holdout)``: ``holdout`` is ``count`` of the ``n`` training indices drawn without replacement
+    (the head of a ``numpy.random.default_rng((seed, 35))`` permutation), ``pool`` the others, which the
+    partitions are built from; both sorted int64. ``count`` 0: ``(None, None)`` (every index is partitioned,
+    as before).
+
+    Raises:
+        ConfigError: ``count`` leaves fewer than one training example.
+    """
+    if count <= 0:
+        return None, None
+    if count >= n:
+        raise ConfigError(f"aux-holdout={count} leaves no training example (the dataset has {n})")
+    perm = np.random.default_rng((int(seed), 35)).permutation(n)
+    return np.sort(perm[count:]).astype(np.int64), np.sort(perm[:count]).astype(np.int64)
 
 
 def normalised(data: ImageDataset, scheme: str) -> ImageDataset:

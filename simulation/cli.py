@@ -157,6 +157,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_attack(args: argparse.Namespace) -> int:
+    """``sflower attack RUN_DIR [aux=holdout|test epochs=N shadow-epochs=N seed=S data-dir=DIR]``: the model
+    inversion of the activations the run's server received (:mod:`simulation.privacy.attack`)."""
+    from simulation.privacy.attack import RESULT_JSON, run_attack
+
+    pairs = {k.replace("_", "-"): v for k, v in parse_key_values(args.pairs).items()}
+    res = run_attack(args.target, **pairs)
+    print(f"inversion of {res['samples']} received activations ({res['strategy']}, cut {res['cut_layer']}, "
+          f"{res['client_model']} client model, aux {res['aux']}): MSE {res['mse']:.4f}, PSNR {res['psnr']:.2f} dB "
+          f"(floor {res['psnr_floor']:.2f}), SSIM {res['ssim']:.3f} -> {Path(args.target) / 'privacy' / RESULT_JSON}")
+    return 0
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     """``sflower deploy nodes=N [options] [run-config keys]``: a loopback SuperLink/SuperNode deployment.
 
@@ -372,6 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("target", metavar="RUN_DIR")
     ev.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
     ev.set_defaults(func=cmd_evaluate)
+    at = sub.add_parser("attack", help="model inversion of the activations a run's server received "
+                                       "(needs privacy-record=true; writes RUN_DIR/privacy/inversion.*)",
+                        description="sflower attack RUN_DIR [aux=holdout|test epochs=20 shadow-epochs=10 seed=0 "
+                                    "data-dir=DIR]")
+    at.add_argument("target", metavar="RUN_DIR")
+    at.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
+    at.set_defaults(func=cmd_attack)
     st = sub.add_parser("strategies", help="list the strategies (built-in and plugins) and their options")
     st.set_defaults(func=cmd_strategies)
     ps = sub.add_parser("presets", help="list the presets (presets/NAME.toml) and their keys")

@@ -24,9 +24,11 @@ from fl_app.device import resolve_device
 from fl_app.errors import ConfigError
 from fl_app.link import check_links
 from fl_app.numerics import establish, machine_record
+from fl_app.privacy import check_defences
 from simulation.outputs.records import RunRecorder, default_output_dir
 from simulation.outputs.saved_model import ModelSaver
 from fl_app.task import Task, check_batch_size, load_task, write_partition_plot
+from simulation.privacy.record import ReceivedActivations, attach, check_record
 from simulation.session import check_transport, choose_transport, open_session_grid
 from simulation.timing.clocks import VirtualClock, WallClock
 from simulation.timing.devices import draw_profiles
@@ -87,7 +89,12 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     check_batch_size(task, cfg.batch_size)
     check_cut_layers(strategy_cls, cfg, task)
     strategy_cls.check_config(cfg, task)
-    check_links(strategy_cls.name, strategy_cls.weights_only_links(cfg), cfg)
+    weights_only = strategy_cls.weights_only_links(cfg)
+    check_links(strategy_cls.name, weights_only, cfg)
+    # no activations up: nothing to defend; no gradient down: the clients never back-propagate one
+    check_defences(strategy_cls.name, cfg, sends_activations="up" not in weights_only,
+                   zeroth_order="down" in weights_only)
+    check_record(cfg)
     check_transport(cfg)
     if cfg.node_loss == "rollback" and not cfg.checkpoint_every:
         raise ConfigError("node-loss=rollback needs checkpoint-every=N: a lost node sends the run back to its last "
@@ -175,6 +182,9 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     saver.bind(strategy)
     if cfg.checkpoint_every:
         strategy.checkpoint_path = plan.out_dir / CHECKPOINT_FILE
+    received = ReceivedActivations() if cfg.get("privacy-record") else None
+    if received is not None:
+        attach(strategy, received)
     strategy.resume_from = plan.resume_from
     if extra["transport"] == "session":  # docs/explanation/design.md §4, "The session transport"
         grid = open_session_grid(grid, cfg)
@@ -185,6 +195,8 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
             grid.close()
     else:
         strategy.start(grid)
+    if received is not None:  # privacy-record: what the server received, for sflower attack
+        received.write(plan.out_dir)
     return strategy.summary_dict()
 
 

@@ -8,7 +8,8 @@ A sweep file is TOML::
     [meta.paper]               # optional: the paper's numbers, shown by `sflower report`
     gas = 90.66
     # optional [meta] lists: pairs = [["gas", "gas-nogen"]] (orders a paper states in words),
-    # compare = [["gas", "gas-int8"]] (compared, no order claimed); show-bytes = true (MB columns)
+    # compare = [["gas", "gas-int8"]] (compared, no order claimed); show-bytes = true (MB columns);
+    # attack = "epochs=8" (sflower attack on every run, with these keys: inversion columns)
 
     [base]                     # run-config keys shared by all runs (+ engine)
     dataset = "fashion-mnist"
@@ -178,6 +179,7 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
     (out / "sweep.json").write_text(json.dumps(spec, indent=2))
     grid_keys = list(spec["grid"])
     runs = expand(spec)
+    attack = str(spec["meta"]["attack"]) if "attack" in spec["meta"] else None
     for i, run in enumerate(runs, 1):
         run_dir = out / run_name(run, grid_keys)
         with claim(out, run_dir.name) as mine:
@@ -186,6 +188,8 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
                 continue
             if is_complete(run_dir):
                 print(f"[{i}/{len(runs)}] {run_dir.name}: done, skipped")
+                if attack is not None:
+                    attack_run(run_dir, attack)
                 continue
             print(f"[{i}/{len(runs)}] {run_dir.name}")
             cfg = run_config(run)
@@ -198,8 +202,26 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
             except (DivergedError, RunFailedError) as err:
                 outcome = "diverged" if isinstance(err, DivergedError) else "failed"
                 print(f"[{i}/{len(runs)}] {run_dir.name}: {outcome}: {err}")
+            if attack is not None:
+                attack_run(run_dir, attack)
     table = collect(out, target=float(spec["meta"].get("target-accuracy", 0.0)))
     return table
+
+
+def attack_run(run_dir: Path, options: str) -> None:
+    """``[meta] attack = "KEY=VALUE ..."``: ``sflower attack`` (:func:`simulation.privacy.attack.run_attack`,
+    with those keys) on a run the sweep holds, right after it completed (or when a resumed sweep finds it
+    completed without ``privacy/inversion.json``); a run that diverged or failed is not attacked."""
+    from fl_app.config import parse_key_values
+    from simulation.privacy.attack import RESULT_JSON, run_attack
+
+    if not (run_dir / "summary.json").is_file() or (run_dir / "privacy" / RESULT_JSON).is_file():
+        return
+    if json.loads((run_dir / "summary.json").read_text()).get("status") != "completed":
+        return
+    opts = {k.replace("_", "-"): v for k, v in parse_key_values(options.split()).items()}
+    res = run_attack(run_dir, **opts)
+    print(f"{run_dir.name}: inversion PSNR {res['psnr']:.2f} dB, SSIM {res['ssim']:.3f}")
 
 
 def time_to_target(metrics: pd.DataFrame, target: float) -> tuple[float, float]:
@@ -211,6 +233,16 @@ def time_to_target(metrics: pd.DataFrame, target: float) -> tuple[float, float]:
         return math.nan, math.nan
     row = hit.iloc[0]
     return float(row["virtual_time_s"]), float(row["global_iteration"])
+
+
+def inversion_columns(run_dir: Path) -> dict[str, Any]:
+    """``inversion_mse``, ``inversion_psnr``, ``inversion_ssim`` of a run's ``privacy/inversion.json``
+    (``sflower attack``); nothing when it has none."""
+    path = run_dir / "privacy" / "inversion.json"
+    if not path.is_file():
+        return {}
+    res = json.loads(path.read_text())
+    return {f"inversion_{k}": res[k] for k in ("mse", "psnr", "ssim")}
 
 
 def collect(out_dir: str | Path, target: float = 0.0) -> pd.DataFrame:
@@ -241,6 +273,7 @@ def collect(out_dir: str | Path, target: float = 0.0) -> pd.DataFrame:
             "bytes_up": summary.get("bytes_up"),
             "bytes_down": summary.get("bytes_down"),
             "wall_time_s": summary.get("wall_time_s"),
+            **inversion_columns(run_dir),
         })
     table = pd.DataFrame(rows)
     table.to_csv(out / "results.csv", index=False)

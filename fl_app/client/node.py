@@ -27,6 +27,7 @@ from fl_app.errors import ConfigError
 from fl_app.live import live_cache
 from fl_app.models import BlockModel, draws_random
 from fl_app.numerics import establish
+from fl_app.privacy import NOISE_SEED, ActivationDefence, noise_seed, write_ground_truth
 from fl_app.task import Task, load_device_task, load_task
 from fl_app.training import next_batch
 from fl_app.zo import zo_seed
@@ -59,6 +60,8 @@ class Node:
         #: the node's live models and graphs, where its state persists between messages (:mod:`fl_app.live`);
         #: CPU nodes only (the cache builds its models on the CPU)
         self.live = live_cache(context.state) if self.device.type == "cpu" else None
+        #: the run's defences on uploaded activations (:mod:`fl_app.privacy`); None: off
+        self.defence = ActivationDefence.from_config(self.cfg)
 
     def on_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` (decoded from a message or loaded from data: CPU) moved to :attr:`device`."""
@@ -108,20 +111,31 @@ class Node:
     def remember_batch(self, slot: Slot, record: ConfigRecord, model: nn.Module) -> int | None:
         """Store ``record`` as ``slot``'s batch with the forward pass's dropout seed (see :meth:`forward_seed`,
         left out when None); the seed."""
+        count = int(self.config(RNG_KEY).get("forwards", 0))
         seed = self.forward_seed(model)
         if seed is not None:
             record[RNG_SEED] = seed
+        if self.defence is not None and self.defence.noisy and int(record.get("start", 0)) == 0:
+            record[NOISE_SEED] = noise_seed(self.task.seed, self.partition_id, count)
         slot.put("batch", record)
         return seed
 
     def forward(self, slot: Slot, model: BlockModel, start: int, end: int, batch_size: int,
                 labels: bool = True) -> RecordDict:
         """Sample the next own batch, run blocks ``[start, end)``, remember the batch (and its dropout seed);
-        the reply's activations, and its labels unless ``labels`` is False (they stay on the node: U-shaped)."""
+        the reply's activations, and its labels unless ``labels`` is False (they stay on the node: U-shaped).
+
+        With defences on (:mod:`fl_app.privacy`) the activations are what the defence releases; with
+        ``privacy-record`` the evaluator's ground truth of the batch is written too.
+        """
         record, x, y = self.sample(batch_size)
         record["start"], record["end"] = start, end
         seed = self.remember_batch(slot, record, model)
-        acts = slot.run_forward(model, x, seed, start)
+        defence = self.defence if start == 0 else None
+        release = None if defence is None else lambda out: defence.release(out, record.get(NOISE_SEED))
+        acts = slot.run_forward(model, x, seed, start, release)
+        if self.cfg.get("privacy-record") and start == 0:
+            write_ground_truth(str(self.cfg.get("output-dir")), self.partition_id, x, acts)
         content = P.record_dict({P.ACTIVATIONS: P.tensor_record("x", acts)})
         if labels:
             content[P.LABELS] = P.tensor_record("y", y)

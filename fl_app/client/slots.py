@@ -12,6 +12,7 @@ applies gradients: stepped at once, or accumulated (weighted) for a later
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -115,15 +116,20 @@ class Slot:
         if self.node.live is not None:
             self.node.live.stored(model, self.array("weights"))
 
-    def run_forward(self, model: BlockModel, x: torch.Tensor, seed: int | None, start: int) -> torch.Tensor:
+    def run_forward(self, model: BlockModel, x: torch.Tensor, seed: int | None, start: int,
+                    release: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """The training forward pass of the slot's stored batch (stored first), without its gradient
-        (``seed``: its dropout seed, None for a model that draws none).
+        (``seed``: its dropout seed, None for a model that draws none; ``release``: a defence applied to
+        the output, :mod:`fl_app.privacy`, whose ``train.backward`` always recomputes).
 
         Under ``no_grad``; or, where the node keeps live objects
         (:mod:`fl_app.live`), with autograd on, keeping the graph for the
         slot's ``train.backward`` (the same outputs either way).
         """
         live = self.node.live
+        if release is not None:
+            with torch.no_grad(), fixed_rng(seed, self.node.device):
+                return release(model(x))
         if live is None or live.checked_out(model) is None:
             with torch.no_grad(), fixed_rng(seed, self.node.device):
                 return model(x)

@@ -8,6 +8,9 @@ is seeded by the step; identical dropout masks: every training forward pass
 runs under a stored seed, see :func:`fl_app.models.fixed_rng`), or reuses its
 live graph (:mod:`fl_app.live`), then applies the received gradient: clipped
 and stepped at once, or accumulated (weighted) for a later ``train.step``.
+With a defence on (:mod:`fl_app.privacy`) the received gradient is w.r.t. the
+released (clipped, noisy) activations, back-propagated through the release,
+plus NoPeek's ``α·dCor`` term.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from fl_app.client.state import RNG_KEY, RNG_SEED
 from fl_app.label_defence import defence_generator, max_norm_noise
 from fl_app.live import committing
 from fl_app.models import fixed_rng
+from fl_app.privacy import NOISE_SEED
 from fl_app.training import load_gradients
 
 
@@ -103,7 +107,10 @@ def train_backward(msg: Message, context: Context) -> Message:
             acts = model(x)
     if acts.shape != grad.shape:
         raise ValueError(f"gradient shape {tuple(grad.shape)} != activation shape {tuple(acts.shape)}")
-    acts.backward(grad)
+    if node.defence is not None and start == 0:  # grad is w.r.t. the released activations (fl_app.privacy)
+        node.defence.objective(x, acts, grad, slot.batch.get(NOISE_SEED)).backward()
+    else:
+        acts.backward(grad)
     shared = P.get_array(msg.content, P.OPTIMIZER)
     if shared is not None:  # the server's optimizer state replaces the slot's (GAS client-momentum=shared)
         slot.drop("optimizer")  # replaced, not merged: an empty record means no momentum yet

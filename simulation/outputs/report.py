@@ -14,7 +14,10 @@ Writes into DIR:
   (:func:`pairs_table`);
 * ``curves.png``: mean test accuracy against global iteration and against
   virtual time, all configurations on shared axes;
-* ``profiles.png``: the device profiles (compute speed against uplink rate).
+* ``profiles.png``: the device profiles (compute speed against uplink rate);
+* for attacked sweeps (``[meta] attack``), the inversion's PSNR and SSIM
+  columns, ``privacy.png`` and ``cut-layer.png``
+  (:mod:`simulation.outputs.privacy_report`).
 
 A directory that holds only ``results.csv`` (and ``sweep.json``), as the
 published results under ``docs/results/`` do, gets its report.md from them:
@@ -32,6 +35,7 @@ from typing import Any
 import pandas as pd
 
 from fl_app.errors import ConfigError
+from simulation.outputs.privacy_report import attacked, plot_cut_layer, plot_privacy, privacy_columns
 from simulation.stats import Paired, mean_ci, paired
 from simulation.sweep import collect, expand, run_name
 
@@ -114,6 +118,8 @@ def summarize(table: pd.DataFrame, keys: list[str], paper: dict[str, Any] | None
         if show_bytes:
             row["MB up"] = f"{group['bytes_up'].mean() / 1e6:.1f}"
             row["MB down"] = f"{group['bytes_down'].mean() / 1e6:.1f}"
+        if attacked(table):
+            row.update(privacy_columns(group))
         if paper:
             key = _paper_key(paper, keys, values)
             row["paper (%)"] = paper[key] if key else "–"
@@ -401,6 +407,9 @@ def report(out_dir: str | Path) -> Path:
         plot_curves(out, table, keys, "grad_dissimilarity", "dissimilarity.png",
                     "gradient dissimilarity (GAS Fig. 2)", logy=True)
         plot_profiles(out, out / table["run"].iloc[0])
+        if attacked(table):
+            plot_privacy(out, table, keys, _label)
+            plot_cut_layer(out, table, keys)
     if meta.get("show-bytes"):
         plot_bytes(out, table, keys)
     path = out / "report.md"
@@ -410,7 +419,8 @@ def report(out_dir: str | Path) -> Path:
 
 #: The plots a report links when its directory holds them, with their captions.
 PLOTS = (("curves.png", "curves"), ("dissimilarity.png", "gradient dissimilarity"),
-         ("bytes.png", "accuracy against bytes"), ("profiles.png", "device profiles"))
+         ("bytes.png", "accuracy against bytes"), ("privacy.png", "accuracy against inversion PSNR"),
+         ("cut-layer.png", "inversion PSNR against the cut layer"), ("profiles.png", "device profiles"))
 
 
 def render(out: Path, table: pd.DataFrame, keys: list[str], meta: dict[str, Any]) -> str:

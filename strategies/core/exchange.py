@@ -71,15 +71,18 @@ class Exchange:
         self.links: LinkCodecs | None = None
         #: ``node-loss=rollback``: a client whose node is lost raises :class:`NodeLostError` instead of being excluded
         self.roll_back = False
+        #: ``(pid, content) -> None``, told of every valid reply that carries activations, decoded as the
+        #: server uses them (``privacy-record``: :class:`simulation.privacy.record.ReceivedActivations`)
+        self.tap: Callable[[int, RecordDict], None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A checkpoint saves the dispatcher by its own ``state_dict``; the resumed run makes a new one (and
         sets its own :attr:`on_reply`)."""
-        return {k: v for k, v in vars(self).items() if k not in ("dispatcher", "on_reply")}
+        return {k: v for k, v in vars(self).items() if k not in ("dispatcher", "on_reply", "tap")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.dispatcher, self.on_reply = None, None
+        self.dispatcher, self.on_reply, self.tap = None, None, None
 
     def send(self, pid: int, request: Request) -> Pending:
         """Send work to a client; it is due after its device's compute + transfer time.
@@ -169,6 +172,8 @@ class Exchange:
                         pid, pending.action, problem.reason)
             return self.exclude(pending, f"malformed reply: {problem.reason}", problem.non_finite)
         self.bytes_up += sent  # as encoded on the wire, scales and indices included
+        if self.tap is not None and P.ACTIVATIONS in content:
+            self.tap(pid, content)
         return Reply(pid, pending.request, content, pending.due, pending.seq)
 
     def gather_replies(self, requests: Iterable[tuple[int, Request]], *, first: int | None = None,

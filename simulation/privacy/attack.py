@@ -1,0 +1,176 @@
+"""``sflower attack RUN_DIR``: model inversion of the activations a run's server received, as a measurement.
+
+After a run with ``privacy-record=true`` (and, for its auxiliary data,
+``aux-holdout=N``), the attack plays the honest-but-curious server
+(:mod:`simulation.privacy.inversion` for the method):
+
+1. its auxiliary data: the run's held-out slice (``aux-holdout``), which no
+   client's partition contains (``aux=test``: the test set instead, which
+   the server holds for its evaluation anyway);
+2. its client-side model: the final one the strategy uploaded
+   (``model.safetensors``, blocks ``[0, cut)``) where the strategy uploads
+   client-side models; otherwise (PSL, EPSL, GAPSL: ``uploads_models`` false)
+   a shadow model trained through its own final server-side model;
+3. a decoder trained on the auxiliary data through that model (defence-aware:
+   the run's ``act-clip`` and ``act-noise`` are applied in training);
+4. reconstructions of the last activations it received from each client
+   (``RUN_DIR/privacy/received.npz``).
+
+The scorer, not the server, then reads the clients' ground truth
+(``RUN_DIR/privacy/evaluator/client-K.npz``), checks that each received batch
+is the batch the client sent (equal, or within the uplink codec's error), and
+writes ``RUN_DIR/privacy/inversion.json`` and ``inversion.csv`` (MSE, PSNR,
+SSIM; the floor: the PSNR of the auxiliary mean image) and
+``inversion.png`` (originals above reconstructions).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fl_app.config import RunConfig
+from fl_app.errors import ConfigError
+from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
+from fl_app.task import load_task
+from simulation.outputs.saved_model import load_saved_model
+from simulation.privacy.inversion import save_grid, scores, to_pixels, train_decoder, train_shadow
+from simulation.privacy.record import RECEIVED_FILE
+from strategies.core.registry import get_strategy
+
+#: The keys of ``sflower attack`` and their defaults.
+ATTACK_KEYS: dict[str, Any] = {"aux": "holdout", "epochs": 20, "shadow-epochs": 10, "seed": 0, "data-dir": ""}
+#: The result files, under ``RUN_DIR/privacy/``.
+RESULT_JSON, RESULT_CSV, RESULT_PNG = "inversion.json", "inversion.csv", "inversion.png"
+#: The scored columns, in ``inversion.csv``'s order.
+COLUMNS = ("strategy", "cut_layer", "seed", "nopeek_alpha", "act_clip", "act_noise", "client_model", "aux",
+           "samples", "mse", "psnr", "ssim", "psnr_floor", "test_accuracy")
+
+
+def attack_options(pairs: dict[str, str]) -> dict[str, Any]:
+    """The attack's keys from ``KEY=VALUE`` pairs, typed as :data:`ATTACK_KEYS`' defaults.
+
+    Raises:
+        ConfigError: an unknown key, a bad value, ``aux`` other than ``holdout``/``test`` (one line).
+    """
+    unknown = sorted(set(pairs) - set(ATTACK_KEYS))
+    if unknown:
+        raise ConfigError(f"attack takes {', '.join(ATTACK_KEYS)}, not {', '.join(unknown)}")
+    out = dict(ATTACK_KEYS)
+    for key, value in pairs.items():
+        try:
+            out[key] = type(ATTACK_KEYS[key])(value)
+        except ValueError:
+            raise ConfigError(f"attack: {key}={value!r} is not a valid {type(ATTACK_KEYS[key]).__name__}") from None
+    if out["aux"] not in ("holdout", "test"):
+        raise ConfigError(f"attack: aux must be holdout or test, got {out['aux']!r}")
+    for key in ("epochs", "shadow-epochs", "seed"):
+        if out[key] < 0:
+            raise ConfigError(f"attack: {key} must be >= 0, got {out[key]}")
+    return out
+
+
+def _run_config(run_dir: Path, data_dir: str) -> RunConfig:
+    try:
+        values = json.loads((run_dir / "config.json").read_text())["config"]
+    except (OSError, KeyError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{run_dir}: no readable config.json ({err})") from None
+    if data_dir:
+        values["data-dir"] = data_dir
+    return RunConfig.from_mapping(values)
+
+
+def _pairs(run_dir: Path, cfg: RunConfig) -> tuple[list[int], torch.Tensor, torch.Tensor, list[int]]:
+    """``(matched pids, received activations, the evaluator's originals, unmatched pids)``."""
+    path = run_dir / PRIVACY_DIR / RECEIVED_FILE
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: no {PRIVACY_DIR}/{RECEIVED_FILE} (run with privacy-record=true "
+                          "output-dir=RUN_DIR, on a strategy whose clients send activations)")
+    received = np.load(path)
+    lossless = cfg.get("compress-up") == "none"
+    pids, xs, origs, unmatched = [], [], [], []
+    for name in sorted(received.files, key=lambda n: (len(n), n)):
+        if not name.startswith("x-"):
+            continue
+        pid, got = int(name[2:]), received[name]
+        truth = run_dir / PRIVACY_DIR / EVALUATOR_DIR / f"client-{pid}.npz"
+        sent = np.load(truth) if truth.is_file() else None
+        tol = 0.0 if lossless else 0.1 * float(np.abs(got).max() or 1.0)
+        if sent is None or sent["acts"].shape != got.shape or float(np.abs(sent["acts"] - got).max()) > tol:
+            unmatched.append(pid)
+            continue
+        pids.append(pid)
+        xs.append(torch.from_numpy(got))
+        origs.append(torch.from_numpy(sent["x"]))
+    if not pids:
+        raise ConfigError(f"{run_dir}: no received batch matches a client's record")
+    return pids, torch.cat(xs), torch.cat(origs), unmatched
+
+
+def _aux(task: Any, which: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if which == "test":
+        batches = list(task.data.test_batches(1000))
+        return torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    if task.holdout is None:
+        raise ConfigError("attack: the run held out no auxiliary data (aux-holdout=0); run with aux-holdout=N, "
+                          "or give aux=test")
+    return task.data.train_batch(task.holdout)
+
+
+def run_attack(run_dir: str | Path, **options: Any) -> dict[str, Any]:
+    """Run the inversion attack on ``run_dir`` and write its result files (see the module docstring).
+
+    Args:
+        run_dir: a completed run's directory.
+        options: :data:`ATTACK_KEYS` (``aux``, ``epochs``, ``shadow-epochs``, ``seed``, ``data-dir``).
+
+    Returns:
+        The row written to ``inversion.json`` (:data:`COLUMNS` and more).
+
+    Raises:
+        ConfigError: a missing file, or a run without recorded activations or auxiliary data (one line).
+    """
+    run_dir, opts = Path(run_dir), attack_options({k: v for k, v in options.items()})
+    cfg = _run_config(run_dir, str(opts["data-dir"]))
+    task = load_task(cfg)
+    saved = load_saved_model(run_dir)
+    cut, n_blocks = int(cfg.cut_layer), len(saved.model.blocks)
+    pids, received, originals, unmatched = _pairs(run_dir, cfg)
+    x_aux, y_aux = _aux(task, opts["aux"])
+    gen = torch.Generator().manual_seed(int(opts["seed"]))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(opts["seed"]))  # the decoder's and the shadow's initial weights
+        uploads = bool(getattr(get_strategy(cfg.strategy), "uploads_models", True))
+        if uploads:
+            client = saved.model.segment(0, cut)
+        else:
+            client = train_shadow(task.build_segment(0, cut), saved.model.segment(cut, n_blocks), x_aux, y_aux,
+                                  int(opts["shadow-epochs"]), gen)
+        clip, sigma = float(cfg.get("act-clip")), float(cfg.get("act-noise"))
+        decoder = train_decoder(client, x_aux, int(opts["epochs"]), gen, clip=clip, noise_std=sigma * clip)
+        with torch.no_grad():
+            recon = decoder(received)
+    mean, std = task.data.mean, task.data.std
+    recon_px, orig_px = to_pixels(recon, mean, std), to_pixels(originals, mean, std)
+    floor = to_pixels(x_aux, mean, std).mean(dim=0, keepdim=True).expand_as(orig_px)
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    row = {"strategy": cfg.strategy, "cut_layer": cut, "seed": int(cfg.seed),
+           "nopeek_alpha": float(cfg.get("nopeek-alpha")), "act_clip": clip, "act_noise": sigma,
+           "client_model": "uploaded" if uploads else "shadow", "aux": f"{opts['aux']}:{len(x_aux)}",
+           "samples": int(len(received)), **scores(recon_px, orig_px),
+           "psnr_floor": scores(floor, orig_px)["psnr"], "test_accuracy": summary.get("final_accuracy")}
+    out = run_dir / PRIVACY_DIR
+    record = {**row, "clients": pids, "unmatched_clients": unmatched, "epochs": int(opts["epochs"]),
+              "shadow_epochs": int(opts["shadow-epochs"]) if not uploads else 0, "attack_seed": int(opts["seed"])}
+    (out / RESULT_JSON).write_text(json.dumps(record, indent=2) + "\n")
+    with open(out / RESULT_CSV, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerow({k: row[k] for k in COLUMNS})
+    save_grid(orig_px, recon_px, str(out / RESULT_PNG))
+    return record
