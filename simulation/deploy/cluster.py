@@ -121,15 +121,16 @@ class Deployment:
         return found
 
     def serverapp_pids(self) -> list[int]:
-        """The ServerApp processes our SuperLink started (detached; ``flwr-serverapp`` in their command line)."""
+        """The ServerApp processes our SuperLink started (detached): the program of their command line (the
+        executable or, under Python, the script) is ``flwr-serverapp`` (not merely a path that mentions it)."""
         mark = f"127.0.0.1:{self.port}"
         out = []
         for pid in self._detached():
             try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
             except OSError:
                 continue
-            if "serverapp" in cmd and mark in cmd:
+            if any(Path(a).name == "flwr-serverapp" for a in argv[:2]) and any(mark in a for a in argv):
                 out.append(pid)
         return out
 
