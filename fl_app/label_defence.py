@@ -13,6 +13,12 @@ Two-party Split Learning" (ICLR 2022, "max norm"); the tail's own update uses
 the exact gradient (only what goes to the server is perturbed). It claims no
 differential privacy.
 
+``label-defence=iso`` is the paper's isotropic baseline, with a strength: each
+row gets ``N(0, (t·‖g_max‖)²/d · I_d)``, ``t = label-noise``, so that the noise's
+expected squared norm is ``t²·‖g_max‖²`` for every row (Li et al.'s "iso"
+scales its noise by the largest gradient norm too; the parametrisation by
+``t`` is sflower's).
+
 The noise is drawn from a generator seeded by ``(run seed, stream
 :data:`STREAM_LABEL_NOISE`, partition id, forward count)``, so runs are
 reproducible on every engine.
@@ -27,7 +33,7 @@ from fl_app.task import seeded_generator
 #: Seed-stream tag of the max-norm noise of a client's returned gradients.
 STREAM_LABEL_NOISE = 43
 #: The values of ``label-defence``.
-DEFENCES = ("none", "max-norm")
+DEFENCES = ("none", "max-norm", "iso")
 
 
 def max_norm_noise(grad: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -45,6 +51,39 @@ def max_norm_noise(grad: torch.Tensor, generator: torch.Generator) -> torch.Tens
     sigma = ((squares.max() - squares).clamp_min(0.0) / flat.shape[1]).sqrt().to(flat.dtype)
     noise = torch.randn(flat.shape, generator=generator, dtype=flat.dtype)
     return (flat + noise.to(flat.device) * sigma[:, None].to(flat.device)).reshape(grad.shape)
+
+
+def iso_noise(grad: torch.Tensor, t: float, generator: torch.Generator) -> torch.Tensor:
+    """``grad`` ``[B, ...]`` with each row perturbed by ``N(0, (t·‖g_max‖)²/d · I_d)`` (``d`` the row's size).
+
+    Args:
+        grad: the gradient a tail returns (any device); one row per sample.
+        t: the noise's scale relative to the batch's largest row norm (``label-noise``, ≥ 0).
+        generator: a CPU generator (the noise is drawn on the CPU, then moved).
+
+    Returns:
+        a new tensor of ``grad``'s shape, dtype and device.
+    """
+    flat = grad.detach().reshape(grad.shape[0], -1)
+    top = (flat.double() ** 2).sum(dim=1).max().sqrt()
+    sigma = (t * top / flat.shape[1] ** 0.5).to(flat.dtype)
+    noise = torch.randn(flat.shape, generator=generator, dtype=flat.dtype)
+    return (flat + noise.to(flat.device) * sigma.to(flat.device)).reshape(grad.shape)
+
+
+def perturb(grad: torch.Tensor, defence: str, t: float, generator: torch.Generator) -> torch.Tensor:
+    """``grad`` as ``label-defence`` releases it: unchanged (``none``), :func:`max_norm_noise` or :func:`iso_noise`.
+
+    Raises:
+        ValueError: an unknown ``defence``.
+    """
+    if defence == "none":
+        return grad
+    if defence == "max-norm":
+        return max_norm_noise(grad, generator)
+    if defence == "iso":
+        return iso_noise(grad, t, generator)
+    raise ValueError(f"unknown label-defence {defence!r}; expected one of {', '.join(DEFENCES)}")
 
 
 def defence_generator(seed: int, partition_id: int, count: int) -> torch.Generator:

@@ -186,9 +186,13 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "the client\")",
            check=_check_cut_layers, source="U-shaped split learning: Vepakomma et al. 2018, arXiv:1812.00564"),
     Option("label-defence", "none", "U-shaped: what the client does to the gradient its tail returns at c2 before "
-           "it leaves: `none`, or `max-norm` (Gaussian noise per sample so that every row's expected squared norm "
-           "is the batch's largest; no DP claim)", choices=("none", "max-norm"),
+           "it leaves: `none`, `max-norm` (Gaussian noise per sample so that every row's expected squared norm "
+           "is the batch's largest), or `iso` (isotropic Gaussian noise whose expected squared norm is "
+           "`label-noise`² times the batch's largest row's); no DP claim", choices=("none", "max-norm", "iso"),
            source="Li et al., Label Leakage and Protection in Two-party Split Learning, ICLR 2022"),
+    Option("label-noise", 0.0, "`label-defence=iso`: t, the noise's scale relative to the batch's largest gradient "
+           "row (each row gets N(0, t²·‖g_max‖²/d · I_d)); needs `label-defence=iso`", at_least=0,
+           source="the isotropic-noise baseline of Li et al., ICLR 2022"),
     Option("num-clients", 20, "clients (partitions, SuperNodes)", at_least=1),
     Option("concurrency", 10, "clients training at once (C)", at_least=1),
     Option("partition", "shard", "`iid`, `dirichlet` (with `alpha`), `shard` (with `shards` = classes per client), `label-sorted` "

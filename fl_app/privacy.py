@@ -210,3 +210,20 @@ def write_ground_truth(run_dir: str, partition_id: int, x: torch.Tensor, acts: t
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, x=x.detach().cpu().float().numpy(), acts=acts.detach().cpu().float().numpy())
     os.replace(tmp, path)
+
+
+def append_tail_truth(run_dir: str, partition_id: int, grad: torch.Tensor, labels: torch.Tensor) -> None:
+    """Append a U-shaped tail's returned gradient (as sent, ``[B, ...]``) and its batch's labels (``[B]``) to
+    the evaluator's record ``RUN_DIR/privacy/evaluator/tail-K.npz`` (``g`` float32 ``[N, d]``, ``y`` int64
+    ``[N]``), replaced atomically: the ground truth of the label attack (:mod:`simulation.label_leakage`)."""
+    folder = Path(run_dir) / PRIVACY_DIR / EVALUATOR_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"tail-{partition_id}.npz"
+    g = grad.detach().cpu().float().reshape(grad.shape[0], -1).numpy()
+    y = labels.detach().cpu().to(torch.int64).numpy()
+    if path.is_file():
+        with np.load(path) as old:
+            g, y = np.concatenate([old["g"], g]), np.concatenate([old["y"], y])
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, g=g, y=y)
+    os.replace(tmp, path)

@@ -167,6 +167,11 @@ def cmd_attack(args: argparse.Namespace) -> int:
     print(f"inversion of {res['samples']} received activations ({res['strategy']}, cut {res['cut_layer']}, "
           f"{res['client_model']} client model, aux {res['aux']}): MSE {res['mse']:.4f}, PSNR {res['psnr']:.2f} dB "
           f"(floor {res['psnr_floor']:.2f}), SSIM {res['ssim']:.3f} -> {Path(args.target) / 'privacy' / RESULT_JSON}")
+    if "labels" in res:
+        lab = res["labels"]
+        print(f"label inference on {lab['samples']} tail gradients (label-defence={lab['label_defence']}): "
+              f"norm AUC {lab['norm_auc']:.3f}, direction AUC {lab['direction_auc']:.3f} (0.5 is chance) -> "
+              f"{Path(args.target) / 'privacy' / 'labels.json'}")
     return 0
 
 
@@ -385,8 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("target", metavar="RUN_DIR")
     ev.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
     ev.set_defaults(func=cmd_evaluate)
-    at = sub.add_parser("attack", help="model inversion of the activations a run's server received "
-                                       "(needs privacy-record=true; writes RUN_DIR/privacy/inversion.*)",
+    at = sub.add_parser("attack", help="model inversion of the activations a run's server received, and label "
+                                       "inference on a U-shaped run's tail gradients (needs privacy-record=true; "
+                                       "writes RUN_DIR/privacy/inversion.* and labels.json)",
                         description="sflower attack RUN_DIR [aux=holdout|test epochs=20 shadow-epochs=10 seed=0 "
                                     "data-dir=DIR]")
     at.add_argument("target", metavar="RUN_DIR")

@@ -23,7 +23,12 @@ class). 0.5 is chance; 1 reads every label.
 The measurement (:class:`TailGradients`) wraps the ClientApp of an in-process
 run and keeps every tail reply's gradient exactly as sent, with the labels of
 the client's batch as ground truth (which the server does not have).
-:func:`measure` runs a configuration and returns both AUCs.
+:func:`measure` runs a configuration and returns both AUCs. After a run with
+``privacy-record=true`` (any engine), :func:`attack_run` scores the gradients
+its server recorded (``RUN_DIR/privacy/received.npz``) against the clients'
+own record of what they sent and of their labels
+(``RUN_DIR/privacy/evaluator/tail-K.npz``); ``sflower attack`` calls it on
+U-shaped runs and writes ``RUN_DIR/privacy/labels.json``.
 """
 
 from __future__ import annotations
@@ -31,12 +36,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import json
+from pathlib import Path
+
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message
 
 from fl_app import protocol as P
 from fl_app.client.state import slot_key
 from fl_app.config import RunConfig
+from fl_app.errors import ConfigError
+from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
+
+#: The label attack's result file, under ``RUN_DIR/privacy/``.
+LABELS_JSON = "labels.json"
 
 
 def norm_scores(grads: np.ndarray) -> np.ndarray:
@@ -132,7 +145,6 @@ def measure(cfg: RunConfig) -> LeakageAUC:
         ConfigError: ``cfg`` is not U-shaped (``cut-layers`` empty), or any check of ``plan_run``.
     """
     from fl_app.client_app import app
-    from fl_app.errors import ConfigError
     from fl_app.task import load_task
     from simulation.engine import run_inprocess
     from simulation.server_app import plan_run
@@ -144,3 +156,55 @@ def measure(cfg: RunConfig) -> LeakageAUC:
     recorder = TailGradients(app, lambda idx: y[idx])
     run_inprocess(plan_run(cfg), progress=False, client_app=recorder)
     return recorder.auc()
+
+
+def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None) -> dict:
+    """Norm and direction scoring of every tail gradient a U-shaped run's server recorded; writes
+    ``RUN_DIR/privacy/labels.json`` and returns its content.
+
+    The server's rows of client K (``g-K`` of ``received.npz``, in arrival order) are scored only where they
+    are what the client sent (``tail-K.npz``'s ``g``: equal shape and values, within 1e-6 relative, or
+    within 10 % of the largest entry when ``compress-up`` is lossy), with that file's labels as the truth.
+
+    Args:
+        run_dir: a run made with ``privacy-record=true`` and ``cut-layers``.
+        received: the server's record, if already open.
+
+    Returns:
+        ``{"norm_auc", "direction_auc", "samples", "clients", "unmatched_clients", "label_defence", "label_noise"}``.
+
+    Raises:
+        ConfigError: no recorded tail gradient, or none that matches a client's record (one line).
+    """
+    from simulation.privacy.record import RECEIVED_FILE
+
+    run_dir = Path(run_dir)
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    if received is None:
+        path = run_dir / PRIVACY_DIR / RECEIVED_FILE
+        if not path.is_file():
+            raise ConfigError(f"{run_dir}: no {PRIVACY_DIR}/{RECEIVED_FILE} (run with privacy-record=true)")
+        received = np.load(path)
+    lossless = config.get("compress-up", "none") == "none"
+    grads, labels, pids, unmatched = [], [], [], []
+    for name in sorted((n for n in received.files if n.startswith("g-")), key=lambda n: (len(n), n)):
+        pid, got = int(name[2:]), received[name]
+        truth = run_dir / PRIVACY_DIR / EVALUATOR_DIR / f"tail-{pid}.npz"
+        sent = np.load(truth) if truth.is_file() else None
+        scale = float(np.abs(got).max() or 1.0)
+        tol = 1e-6 * scale if lossless else 0.1 * scale
+        if sent is None or sent["g"].shape != got.shape or float(np.abs(sent["g"] - got).max()) > tol:
+            unmatched.append(pid)
+            continue
+        pids.append(pid)
+        grads.append(got)
+        labels.append(sent["y"])
+    if not pids:
+        raise ConfigError(f"{run_dir}: no recorded tail gradient matches a client's record (a U-shaped run with "
+                          "privacy-record=true and output-dir=RUN_DIR records them)")
+    auc = leakage_auc(np.concatenate(grads), np.concatenate(labels))
+    result = {"norm_auc": auc.norm, "direction_auc": auc.direction, "samples": auc.samples, "clients": pids,
+              "unmatched_clients": unmatched, "label_defence": config.get("label-defence", "none"),
+              "label_noise": float(config.get("label-noise", 0.0))}
+    (run_dir / PRIVACY_DIR / LABELS_JSON).write_text(json.dumps(result, indent=2) + "\n")
+    return result

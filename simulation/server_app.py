@@ -182,8 +182,10 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     saver.bind(strategy)
     if cfg.checkpoint_every:
         strategy.checkpoint_path = plan.out_dir / CHECKPOINT_FILE
-    received = ReceivedActivations() if cfg.get("privacy-record") else None
+    received = ReceivedActivations(tails=bool(cfg.get("cut-layers"))) if cfg.get("privacy-record") else None
     if received is not None:
+        if not resume:
+            received.clear_truth(plan.out_dir)
         attach(strategy, received)
     strategy.resume_from = plan.resume_from
     if extra["transport"] == "session":  # docs/explanation/design.md §4, "The session transport"

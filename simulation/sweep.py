@@ -237,12 +237,15 @@ def time_to_target(metrics: pd.DataFrame, target: float) -> tuple[float, float]:
 
 def inversion_columns(run_dir: Path) -> dict[str, Any]:
     """``inversion_mse``, ``inversion_psnr``, ``inversion_ssim`` of a run's ``privacy/inversion.json``
-    (``sflower attack``); nothing when it has none."""
+    (``sflower attack``), and ``label_norm_auc``, ``label_direction_auc`` where it attacked a U-shaped run's
+    labels; nothing when it has none."""
     path = run_dir / "privacy" / "inversion.json"
     if not path.is_file():
         return {}
     res = json.loads(path.read_text())
-    return {f"inversion_{k}": res[k] for k in ("mse", "psnr", "ssim")}
+    labels = res.get("labels", {})
+    return {**{f"inversion_{k}": res[k] for k in ("mse", "psnr", "ssim")},
+            **{f"label_{k}": labels[k] for k in ("norm_auc", "direction_auc") if k in labels}}
 
 
 def collect(out_dir: str | Path, target: float = 0.0) -> pd.DataFrame:

@@ -22,7 +22,8 @@ from torch import nn
 from fl_app import protocol as P
 from fl_app.client.node import Node, acknowledgement, node_and_config
 from fl_app.client.state import RNG_KEY, RNG_SEED
-from fl_app.label_defence import defence_generator, max_norm_noise
+from fl_app.label_defence import defence_generator, perturb
+from fl_app.privacy import append_tail_truth
 from fl_app.live import committing
 from fl_app.models import fixed_rng
 from fl_app.privacy import NOISE_SEED
@@ -79,8 +80,11 @@ def train_forward(msg: Message, context: Context) -> Message:
     loss.backward()
     slot.apply_gradients(model, cfg)
     if cfg.label_slot and start > 0 and node.cfg.label_defence != "none":  # U-shaped tail: before it leaves
-        x.grad = max_norm_noise(x.grad, defence_generator(node.task.seed, node.partition_id,
-                                                          int(node.config(RNG_KEY).get("forwards", 0))))
+        x.grad = perturb(x.grad, node.cfg.label_defence, float(node.cfg.get("label-noise")),
+                         defence_generator(node.task.seed, node.partition_id,
+                                           int(node.config(RNG_KEY).get("forwards", 0))))
+    if cfg.label_slot and start > 0 and node.cfg.get("privacy-record"):  # the label attack's ground truth
+        append_tail_truth(str(node.cfg.get("output-dir")), node.partition_id, x.grad, y)
     content = P.record_dict({**_input_gradient_record(x, start),
                           P.INFO: ConfigRecord({P.INFO_LOSS: float(loss.detach())})})
     return Message(content, reply_to=msg)

@@ -10,6 +10,9 @@ puts ``inversion_mse``, ``inversion_psnr`` and ``inversion_ssim`` in
 * ``privacy.png``: final test accuracy against the inversion's PSNR, one point
   per configuration (mean and 95 % intervals on both axes), one colour per
   strategy: the trade-off a defence moves along (:func:`plot_privacy`);
+* ``label-leakage.png``, when U-shaped runs were attacked (``label_norm_auc``,
+  ``label_direction_auc`` in ``results.csv``, two more table columns): final
+  accuracy against the direction-scoring AUC (:func:`plot_label_leakage`);
 * ``cut-layer.png``, when ``cut-layer`` is a grid key: the PSNR against the
   cut layer, one line per strategy and defence (:func:`plot_cut_layer`).
 """
@@ -26,6 +29,8 @@ from simulation.stats import mean_ci
 
 #: The results column of the inversion's PSNR (dB).
 PSNR = "inversion_psnr"
+#: The results columns of the label attack's AUCs (U-shaped runs; :mod:`simulation.label_leakage`).
+NORM, DIRECTION = "label_norm_auc", "label_direction_auc"
 
 
 def attacked(table: pd.DataFrame) -> bool:
@@ -41,8 +46,13 @@ def _mean(values: pd.Series, digits: int) -> str:
 
 
 def privacy_columns(group: pd.DataFrame) -> dict[str, str]:
-    """The report's inversion columns of one configuration's runs: PSNR (dB, 2 decimals) and SSIM (3)."""
-    return {"inversion PSNR (dB)": _mean(group[PSNR], 2), "inversion SSIM": _mean(group["inversion_ssim"], 3)}
+    """The report's inversion columns of one configuration's runs: PSNR (dB, 2 decimals) and SSIM (3); and,
+    where the sweep holds U-shaped runs, the label attack's AUCs (norm, direction; 3 decimals)."""
+    cols = {"inversion PSNR (dB)": _mean(group[PSNR], 2), "inversion SSIM": _mean(group["inversion_ssim"], 3)}
+    if DIRECTION in group.columns:
+        cols["label AUC, norm"] = _mean(group[NORM], 3) if NORM in group.columns else "–"
+        cols["label AUC, direction"] = _mean(group[DIRECTION], 3)
+    return cols
 
 
 def _finish(fig: Any, ax: Any, path: Path, legend_size: int | None = None) -> Path:
@@ -87,6 +97,34 @@ def plot_privacy(out: Path, table: pd.DataFrame, keys: list[str], label: Any) ->
     ax.set_xlabel("inversion PSNR (dB; higher: the server reconstructs the inputs better)")
     ax.set_ylabel("final test accuracy (%, mean and 95% interval)")
     return _finish(fig, ax, out / "privacy.png")
+
+
+def plot_label_leakage(out: Path, table: pd.DataFrame, keys: list[str], label: Any) -> Path | None:
+    """Final accuracy (%) against the label attack's direction AUC, one point per configuration with 95 %
+    intervals on both axes, one colour per strategy; ``out/label-leakage.png``, or None without U-shaped runs."""
+    if DIRECTION not in table.columns or not table[DIRECTION].notna().any():
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    colours: dict[str, str] = {}
+    for row, group in _groups(table[table[DIRECTION].notna()], keys):
+        strategy = str(group["strategy"].iloc[0])
+        colour = colours.setdefault(strategy, f"C{len(colours)}")
+        x, xh = mean_ci(group[DIRECTION].astype(float).tolist())
+        y, yh = mean_ci((100 * group["final_accuracy"]).astype(float).tolist())
+        ax.errorbar(x, y, xerr=None if math.isnan(xh) else xh, yerr=None if math.isnan(yh) else yh, fmt="s",
+                    color=colour, capsize=3, label=strategy if strategy not in ax.get_legend_handles_labels()[1]
+                    else None)
+        ax.annotate(label(list(row), tuple(row.values())), (x, y), fontsize=7, xytext=(4, 2),
+                    textcoords="offset points")
+    ax.axvline(0.5, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("label inference AUC, direction scoring (0.5: chance; 1: every label read)")
+    ax.set_ylabel("final test accuracy (%, mean and 95% interval)")
+    return _finish(fig, ax, out / "label-leakage.png")
 
 
 def plot_cut_layer(out: Path, table: pd.DataFrame, keys: list[str]) -> Path | None:

@@ -35,7 +35,8 @@ from typing import Any
 import pandas as pd
 
 from fl_app.errors import ConfigError
-from simulation.outputs.privacy_report import attacked, plot_cut_layer, plot_privacy, privacy_columns
+from simulation.outputs.privacy_report import (attacked, plot_cut_layer, plot_label_leakage, plot_privacy,
+                                               privacy_columns)
 from simulation.stats import Paired, mean_ci, paired
 from simulation.sweep import collect, expand, run_name
 
@@ -409,6 +410,7 @@ def report(out_dir: str | Path) -> Path:
         plot_profiles(out, out / table["run"].iloc[0])
         if attacked(table):
             plot_privacy(out, table, keys, _label)
+            plot_label_leakage(out, table, keys, _label)
             plot_cut_layer(out, table, keys)
     if meta.get("show-bytes"):
         plot_bytes(out, table, keys)
@@ -420,6 +422,7 @@ def report(out_dir: str | Path) -> Path:
 #: The plots a report links when its directory holds them, with their captions.
 PLOTS = (("curves.png", "curves"), ("dissimilarity.png", "gradient dissimilarity"),
          ("bytes.png", "accuracy against bytes"), ("privacy.png", "accuracy against inversion PSNR"),
+         ("label-leakage.png", "accuracy against label inference AUC"),
          ("cut-layer.png", "inversion PSNR against the cut layer"), ("profiles.png", "device profiles"))
 
 

@@ -16,6 +16,12 @@ After a run with ``privacy-record=true`` (and, for its auxiliary data,
 4. reconstructions of the last activations it received from each client
    (``RUN_DIR/privacy/received.npz``).
 
+In a U-shaped run (``cut-layers=c1,c2``) the server holds only the middle: a
+shadow model (where nothing is uploaded) is trained with a shadow of the
+tail, and the attack also reads the labels off the gradients the clients'
+tails returned (:func:`simulation.label_leakage.attack_run`: norm and
+direction scoring, ``RUN_DIR/privacy/labels.json``).
+
 The scorer, not the server, then reads the clients' ground truth
 (``RUN_DIR/privacy/evaluator/client-K.npz``), checks that each received batch
 is the batch the client sent (equal, or within the uplink codec's error), and
@@ -35,9 +41,11 @@ import numpy as np
 import torch
 
 from fl_app.config import RunConfig
+from fl_app.options import parse_cut_layers
 from fl_app.errors import ConfigError
 from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
 from fl_app.task import load_task
+from simulation.label_leakage import attack_run
 from simulation.outputs.saved_model import load_saved_model
 from simulation.privacy.inversion import save_grid, scores, to_pixels, train_decoder, train_shadow
 from simulation.privacy.record import RECEIVED_FILE
@@ -140,6 +148,7 @@ def run_attack(run_dir: str | Path, **options: Any) -> dict[str, Any]:
     task = load_task(cfg)
     saved = load_saved_model(run_dir)
     cut, n_blocks = int(cfg.cut_layer), len(saved.model.blocks)
+    cuts = parse_cut_layers(str(cfg.get("cut-layers")))
     pids, received, originals, unmatched = _pairs(run_dir, cfg)
     x_aux, y_aux = _aux(task, opts["aux"])
     gen = torch.Generator().manual_seed(int(opts["seed"]))
@@ -148,9 +157,11 @@ def run_attack(run_dir: str | Path, **options: Any) -> dict[str, Any]:
         uploads = bool(getattr(get_strategy(cfg.strategy), "uploads_models", True))
         if uploads:
             client = saved.model.segment(0, cut)
-        else:
-            client = train_shadow(task.build_segment(0, cut), saved.model.segment(cut, n_blocks), x_aux, y_aux,
-                                  int(opts["shadow-epochs"]), gen)
+        else:  # U-shaped: the server holds the middle [c1, c2) only, and shadows the tail too
+            end = cuts[1] if cuts else n_blocks
+            tail = task.build_segment(end, n_blocks) if cuts else None
+            client = train_shadow(task.build_segment(0, cut), saved.model.segment(cut, end), x_aux, y_aux,
+                                  int(opts["shadow-epochs"]), gen, tail=tail)
         clip, sigma = float(cfg.get("act-clip")), float(cfg.get("act-noise"))
         decoder = train_decoder(client, x_aux, int(opts["epochs"]), gen, clip=clip, noise_std=sigma * clip)
         with torch.no_grad():
@@ -173,4 +184,6 @@ def run_attack(run_dir: str | Path, **options: Any) -> dict[str, Any]:
         writer.writeheader()
         writer.writerow({k: row[k] for k in COLUMNS})
     save_grid(orig_px, recon_px, str(out / RESULT_PNG))
+    if cuts:  # U-shaped: the labels stayed on the clients; what their tails' gradients reveal of them
+        record["labels"] = attack_run(run_dir)
     return record

@@ -70,18 +70,23 @@ def _batches(n: int, epochs: int, gen: torch.Generator):
 
 
 def train_shadow(shadow: nn.Module, server: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int,
-                 gen: torch.Generator, lr: float = 1e-3) -> nn.Module:
+                 gen: torch.Generator, lr: float = 1e-3, tail: nn.Module | None = None) -> nn.Module:
     """Train ``shadow`` (a client-side model) so that ``server(shadow(x))`` classifies the auxiliary data,
     the server-side model frozen (Adam, ``lr``, ``epochs`` passes over ``x`` ``[N, C, H, W]``, ``y`` ``[N]``,
-    shuffled by ``gen``). Returns ``shadow`` in eval mode."""
+    shuffled by ``gen``). Returns ``shadow`` in eval mode.
+
+    In a U-shaped split the server holds only the middle; ``tail`` is then the attacker's own shadow of the
+    clients' tail, trained with ``shadow``: ``tail(server(shadow(x)))``."""
     server.eval()
     for p in server.parameters():
         p.requires_grad_(False)
-    shadow.train()
-    opt = torch.optim.Adam(shadow.parameters(), lr=lr)
+    trained = nn.ModuleList([shadow] if tail is None else [shadow, tail]).train()
+    opt = torch.optim.Adam(trained.parameters(), lr=lr)
     for idx in _batches(len(x), epochs, gen):
         opt.zero_grad()
-        nn.functional.cross_entropy(server(shadow(x[idx])), y[idx]).backward()
+        out = server(shadow(x[idx]))
+        out = out if tail is None else tail(out)
+        nn.functional.cross_entropy(out, y[idx]).backward()
         opt.step()
     return shadow.eval()
 

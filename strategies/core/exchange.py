@@ -71,7 +71,7 @@ class Exchange:
         self.links: LinkCodecs | None = None
         #: ``node-loss=rollback``: a client whose node is lost raises :class:`NodeLostError` instead of being excluded
         self.roll_back = False
-        #: ``(pid, content) -> None``, told of every valid reply that carries activations, decoded as the
+        #: ``(pid, content) -> None``, told of every valid reply, decoded as the
         #: server uses them (``privacy-record``: :class:`simulation.privacy.record.ReceivedActivations`)
         self.tap: Callable[[int, RecordDict], None] | None = None
 
@@ -172,7 +172,7 @@ class Exchange:
                         pid, pending.action, problem.reason)
             return self.exclude(pending, f"malformed reply: {problem.reason}", problem.non_finite)
         self.bytes_up += sent  # as encoded on the wire, scales and indices included
-        if self.tap is not None and P.ACTIVATIONS in content:
+        if self.tap is not None:
             self.tap(pid, content)
         return Reply(pid, pending.request, content, pending.due, pending.seq)
 

@@ -61,10 +61,15 @@ def check_cut_layers(cls: type, cfg: RunConfig, task: Task) -> None:
     """Refuse ``cut-layers`` where it cannot run: a strategy without a U-shaped form, or cuts out of the model.
 
     Raises:
-        ConfigError: ``label-defence`` without ``cut-layers``; the strategy's ``ushaped_refusal`` is not
+        ConfigError: ``label-defence`` without ``cut-layers``; ``label-noise`` without ``label-defence=iso``
+            or ``iso`` without it; the strategy's ``ushaped_refusal`` is not
             empty; ``c2 > L - 1`` (the tail must hold at least the last block; ``1 <= c1 < c2`` is the key's
             own check); zeroth-order clients or server. One line.
     """
+    defence, t = cfg.get("label-defence"), float(cfg.get("label-noise"))
+    if (defence == "iso") != (t > 0):
+        raise ConfigError(f"label-noise={t:g} goes with label-defence=iso, and iso needs label-noise > 0 "
+                          f"(got label-defence={defence})")
     cuts = parse_cut_layers(cfg.get("cut-layers"))
     if cuts is None:
         if cfg.get("label-defence") != "none":
