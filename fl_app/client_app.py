@@ -14,6 +14,7 @@ concern:
 :mod:`fl_app.client.zo_handlers`       ``train.zo_forward``, ``train.zo_update`` (MU-SplitFed)
 :mod:`fl_app.client.fl_handlers`       ``train.fit`` (FL baselines) and ``evaluate``
 :mod:`fl_app.client.checkpoint`        ``query.checkpoint``, ``query.restore``: the node's whole state
+:mod:`fl_app.client.audit`             ``privacy-record``: what each reply carried of the labels
 :mod:`fl_app.session.client`           ``query.session``: a session's requests, through this app
 =====================================  ==========================================================
 """
@@ -24,6 +25,7 @@ import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fl_app.client.audit import label_audit
 from fl_app.client.checkpoint import query_checkpoint, query_restore
 from fl_app.client.fl_handlers import evaluate, train_fit
 from fl_app.client.node import query_info
@@ -49,7 +51,8 @@ def one_torch_thread(msg: Message, context: Context, call_next) -> Message:
         torch.set_num_threads(old)
 
 
-app = ClientApp(mods=[one_torch_thread, client_mod])  # client_mod: the cut's codecs (fl_app.link)
+# label_audit (outermost: the replies as they leave; fl_app.client.audit), client_mod: the cut's codecs (fl_app.link)
+app = ClientApp(mods=[label_audit, one_torch_thread, client_mod])
 app.query("info")(query_info)
 app.train("forward")(train_forward)
 app.train("backward")(train_backward)

@@ -221,7 +221,9 @@ def attack_run(run_dir: Path, options: str) -> None:
         return
     opts = {k.replace("_", "-"): v for k, v in parse_key_values(options.split()).items()}
     res = run_attack(run_dir, **opts)
-    print(f"{run_dir.name}: inversion PSNR {res['psnr']:.2f} dB, SSIM {res['ssim']:.3f}")
+    labels = (f", label AUC norm {res['labels']['norm_auc']:.3f}, direction {res['labels']['direction_auc']:.3f}"
+              if "labels" in res else "")
+    print(f"{run_dir.name}: inversion PSNR {res['psnr']:.2f} dB, SSIM {res['ssim']:.3f}{labels}")
 
 
 def time_to_target(metrics: pd.DataFrame, target: float) -> tuple[float, float]:
@@ -237,13 +239,14 @@ def time_to_target(metrics: pd.DataFrame, target: float) -> tuple[float, float]:
 
 def inversion_columns(run_dir: Path) -> dict[str, Any]:
     """``inversion_mse``, ``inversion_psnr``, ``inversion_ssim`` of a run's ``privacy/inversion.json``
-    (``sflower attack``), and ``label_norm_auc``, ``label_direction_auc`` where it attacked a U-shaped run's
-    labels; nothing when it has none."""
+    (``sflower attack``), and ``label_norm_auc``, ``label_direction_auc`` of its ``privacy/labels.json`` where
+    it attacked a U-shaped run's labels; nothing when it has no inversion.json."""
     path = run_dir / "privacy" / "inversion.json"
     if not path.is_file():
         return {}
     res = json.loads(path.read_text())
-    labels = res.get("labels", {})
+    labels_path = run_dir / "privacy" / "labels.json"  # U-shaped runs: simulation.label_leakage.attack_run
+    labels = json.loads(labels_path.read_text()) if labels_path.is_file() else {}
     return {**{f"inversion_{k}": res[k] for k in ("mse", "psnr", "ssim")},
             **{f"label_{k}": labels[k] for k in ("norm_auc", "direction_auc") if k in labels}}
 

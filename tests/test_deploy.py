@@ -321,3 +321,32 @@ def test_a_refused_supernode_is_started_again_until_it_is_let_in(tmp_path: Path,
         dep.processes.stop_all(grace=1)
     assert dep.starts == 4 and not faults.rejoining and not faults.down
     assert [e["event"] for e in faults.record()["events"]] == ["killed SuperNode (SIGKILL)", "restarted SuperNode"]
+
+
+@needs_flower
+def test_ushaped_deployed_equals_in_process_and_no_reply_carries_labels(tmp_path: Path) -> None:
+    """Issue 35: a label-private (U-shaped) run deployed on 3 SuperNodes (their own data directories) over TLS
+    sessions on the virtual clock gives the in-process run's metrics, and every node's own label audit
+    (``privacy-record``: :mod:`fl_app.client.audit`, written on the node) checked each reply it sent and found
+    neither a labels record nor an array equal to the labels of a batch it holds; the server recorded every
+    tail gradient the nodes sent."""
+    import numpy as np
+
+    from simulation.engine import run_inprocess
+    from simulation.server_app import plan_run
+    from tests.test_checkpoint import BASE, _same_metrics
+
+    keys = {**{k: str(v) for k, v in BASE.items()}, "strategy": "splitfed-v1", "cut-layers": "2,9",
+            "global-iterations": "3", "clock": "virtual", "privacy-record": "true"}
+    summary, run_dir = _deploy(tmp_path, nodes="3", transport="session", **keys)
+    assert summary["status"] == "completed" and summary["failed_clients"] == []
+    out = run_dir / "out"
+    audits = [json.loads((out / "privacy" / "evaluator" / f"audit-{k}.json").read_text()) for k in range(3)]
+    assert sum(a["replies"] for a in audits) >= 3 * 2 * 2  # 3 rounds of 2 clients, 2 iterations: >= 4 legs up
+    assert all(a["label_records"] == [] and a["label_arrays"] == [] for a in audits), audits
+    received = np.load(out / "privacy" / "received.npz")
+    assert not [n for n in received.files if n.startswith("y-")] and [n for n in received.files if n.startswith("g-")]
+    reference = tmp_path / "inprocess"
+    run_inprocess(plan_run(RunConfig.from_mapping({**keys, "output-dir": str(reference)})), progress=False)
+    _same_metrics(out / "metrics.csv", reference / "metrics.csv")
+    assert not _no_process_left(run_dir)

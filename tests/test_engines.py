@@ -101,14 +101,22 @@ def test_same_config_same_metrics(tmp_path):
 # =============================================================================
 
 
-@pytest.mark.parametrize("strategy", ["splitfed-v1", "gas", "psl", "gapsl", "mu-splitfed", "ringsfl"])
-def test_ray_matches_inprocess(tmp_path, strategy):
+#: U-shaped (label-private) with every client-side defence on (issue 35): the tails' iso noise, NoPeek and
+#: clipped noise on the heads' activations, all seeded per node, so the engines must still agree
+USHAPED_DEFENDED = {"cut_layers": "2,6", "label_defence": "iso", "label_noise": 1.0, "nopeek_alpha": 10.0,
+                    "act_clip": 50.0, "act_noise": 0.01}
+
+
+@pytest.mark.parametrize("strategy, extra", [(s, {}) for s in ["splitfed-v1", "gas", "psl", "gapsl", "mu-splitfed",
+                                                               "ringsfl"]] + [("splitfed-v1", USHAPED_DEFENDED)],
+                         ids=["splitfed-v1", "gas", "psl", "gapsl", "mu-splitfed", "ringsfl", "ushaped-defended"])
+def test_ray_matches_inprocess(tmp_path, strategy, extra):
     from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from simulation.ray_engine import run_ray
 
     base = {"strategy": strategy, "num_clients": 3, "concurrency": 3, "global_iterations": 1,
-            "local_iterations": 2, "batch_size": 8, "seed": 1}
+            "local_iterations": 2, "batch_size": 8, "seed": 1, **extra}
     plan_ray = plan_run(make_cfg(**base, output_dir=str(tmp_path / "ray")))
     plan_local = plan_run(make_cfg(**base, output_dir=str(tmp_path / "local")))
     s_local = run_inprocess(plan_local, progress=False)

@@ -140,23 +140,41 @@ def _watch(cfg: dict) -> LabelWatch:
     return LabelWatch(lambda idx: y[np.asarray(idx, dtype=np.int64)])
 
 
+def _audits(out: Path) -> dict:
+    """The clients' label audits of a privacy-record run (fl_app.client.audit), summed over the clients."""
+    total = {"replies": 0, "label_records": [], "label_arrays": []}
+    for path in sorted((out / "privacy" / "evaluator").glob("audit-*.json")):
+        audit = json.loads(path.read_text())
+        total["replies"] += audit["replies"]
+        total["label_records"] += audit["label_records"]
+        total["label_arrays"] += audit["label_arrays"]
+    return total
+
+
 @pytest.mark.parametrize("strategy", SUPPORTED)
 def test_no_reply_carries_labels(tmp_path, strategy):
-    """In a U-shaped run no client reply has a labels record or an integer array equal to its batch's labels."""
-    cfg = {"strategy": strategy}
+    """In a U-shaped run no client reply has a labels record or an integer array equal to its batch's labels;
+    the clients' own audit (privacy-record) checked the same replies and found none either."""
+    cfg = {"strategy": strategy, "privacy-record": True}
     watch = _watch(cfg)
-    summary, _ = _run(tmp_path, client_app=watch, **cfg)
+    summary, out = _run(tmp_path, client_app=watch, **cfg)
     assert summary["status"] == "completed"
     assert watch.replies >= 8
     assert watch.label_keys == [] and watch.label_arrays == []
+    assert _audits(out) == {"replies": watch.replies, "label_records": [], "label_arrays": []}
 
 
 def test_the_label_check_finds_labels_in_a_prefix_run(tmp_path):
-    """The same check on a prefix split (the server holds the labels by construction) finds them."""
-    cfg = {"strategy": "splitfed-v1", "cut-layers": "", "cut-layer": 2}
+    """The same check on a prefix split (the server holds the labels by construction) finds them, and so does
+    the clients' audit, reply for reply."""
+    cfg = {"strategy": "splitfed-v1", "cut-layers": "", "cut-layer": 2, "privacy-record": True}
     watch = _watch(cfg)
-    _run(tmp_path, client_app=watch, **cfg)
+    _, out = _run(tmp_path, client_app=watch, **cfg)
     assert "train.forward" in watch.label_keys and watch.label_arrays
+    audit = _audits(out)
+    assert audit["replies"] == watch.replies
+    assert sorted(audit["label_records"]) == sorted(watch.label_keys)
+    assert sorted(audit["label_arrays"]) == sorted(watch.label_arrays)
 
 
 # --- 3. Every leg is charged -----------------------------------------------------------------------------
@@ -335,3 +353,64 @@ def test_label_defence_needs_a_ushaped_split(tmp_path, capsys):
                      "label-defence=max-norm"]) == 2
     err = capsys.readouterr().err.strip()
     assert "needs a U-shaped split" in err and len(err.splitlines()) == 1
+
+
+def test_iso_noise_is_t_times_the_largest_norm():
+    """Rows of norms 1, 2, 4 in d = 20000, t = 0.5: each row gets N(0, (0.5·4)²/d) per coordinate, drawn from
+    the generator in row order (the same draws by hand), so every squared norm grows by 4 within 3 %."""
+    from fl_app.label_defence import defence_generator, iso_noise, perturb
+
+    d = 20000
+    grad = torch.zeros(3, d)
+    grad[0, 0], grad[1, 1], grad[2, 2] = 1.0, 2.0, 4.0
+    out = iso_noise(grad, 0.5, defence_generator(0, 1, 2))
+    by_hand = grad + torch.randn((3, d), generator=defence_generator(0, 1, 2)) * (0.5 * 4.0 / d ** 0.5)
+    assert torch.allclose(out, by_hand, atol=1e-7)
+    assert torch.allclose((out ** 2).sum(dim=1), torch.tensor([1.0, 4.0, 16.0]) + 4.0, rtol=0.03)
+    assert torch.equal(perturb(grad, "iso", 0.5, defence_generator(0, 1, 2)), out)
+    assert perturb(grad, "none", 0.5, defence_generator(0, 1, 2)) is grad
+
+
+@pytest.mark.parametrize("keys, message", [
+    (["label-noise=1.0"], "goes with label-defence=iso"),
+    (["label-defence=iso"], "iso needs label-noise > 0"),
+    (["label-defence=iso", "label-noise=-1"], "label-noise"),
+])
+def test_label_noise_goes_with_iso(tmp_path, capsys, keys, message):
+    """label-noise without iso, iso without label-noise, a negative t: one line, exit 2."""
+    base = [f"{k}={v}" for k, v in BASE.items()]
+    assert cli.main(["run", "-q", "strategy=splitfed-v1", *base, f"output-dir={tmp_path}", *keys]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_the_attack_reads_the_labels_off_what_the_server_recorded(tmp_path):
+    """A U-shaped run with privacy-record: sflower attack's label inference on the server's record scores the
+    same rows as the client-side measurement of the same run (every tail reply as sent: the same norm AUC;
+    direction scoring's reference example is the first recorded, which the orders of the two records differ on);
+    direction scoring reads the labels (>= 0.85), iso noise at t = 4 brings it near chance (<= 0.65); a record
+    that is not what a client sent is left out, and with none left the attack is one ConfigError."""
+    from fl_app.errors import ConfigError
+    from simulation.label_leakage import attack_run, measure
+    from simulation.privacy.attack import run_attack
+
+    cfg = {**BASE, **LEAK, "privacy-record": True, "aux-holdout": 200}
+    summary, out = _run(tmp_path / "plain", **cfg)
+    assert summary["status"] == "completed"
+    res = run_attack(out, epochs=1)["labels"]
+    direct = measure(RunConfig.from_mapping({**BASE, **cfg, "output-dir": str(tmp_path / "direct")}))
+    assert res["samples"] == direct.samples == 4 * 4 * 5 * 16 and res["clients"] == [0, 1, 2, 3]
+    assert res["norm_auc"] == pytest.approx(direct.norm, abs=1e-12)  # order-free; direction's reference is not
+    assert res["direction_auc"] >= 0.85 and direct.direction >= 0.85
+    assert json.loads((out / "privacy" / "labels.json").read_text())["direction_auc"] == res["direction_auc"]
+    _, noisy = _run(tmp_path / "iso", **cfg, **{"label-defence": "iso", "label-noise": 4.0})
+    assert run_attack(noisy, epochs=1)["labels"]["direction_auc"] <= 0.65
+    received = dict(np.load(out / "privacy" / "received.npz"))
+    received["g-1"] = received["g-1"] + 1.0
+    np.savez(out / "privacy" / "received.npz", **received)
+    assert attack_run(out)["unmatched_clients"] == [1]
+    for name in [n for n in received if n.startswith("g-")]:
+        received[name] = received[name][1:]
+    np.savez(out / "privacy" / "received.npz", **received)
+    with pytest.raises(ConfigError, match="matches a client's record"):
+        attack_run(out)

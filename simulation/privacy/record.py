@@ -71,9 +71,10 @@ class ReceivedActivations:
 
     @staticmethod
     def clear_truth(run_dir: str | Path) -> None:
-        """Remove a former run's tail records under ``RUN_DIR/privacy/evaluator/`` (the clients append to them):
-        in simulation, where the server and the clients share ``output-dir``."""
-        for path in (Path(run_dir) / PRIVACY_DIR / EVALUATOR_DIR).glob("tail-*.npz"):
+        """Remove a former run's tail records and label audits under ``RUN_DIR/privacy/evaluator/`` (the clients
+        add to them): in simulation, where the server and the clients share ``output-dir``."""
+        folder = Path(run_dir) / PRIVACY_DIR / EVALUATOR_DIR
+        for path in [*folder.glob("tail-*.npz"), *folder.glob("audit-*.json")]:
             path.unlink()
 
 

@@ -1,0 +1,94 @@
+"""The label audit: what each client's replies carried of its labels (``privacy-record=true``).
+
+A Flower mod, the outermost of the ClientApp, so that it sees every reply as
+it leaves the node (after the cut's codecs): for each reply to the server
+(not the handshake ``query.info``, whose label histogram is documented, nor
+the ``query.session`` wrapper, whose requests pass through the mod one by
+one) it looks for
+
+* a record named ``labels`` (:data:`fl_app.protocol.LABELS`), and
+* any integer array equal to the labels of a batch of the node's own data
+  that it holds (the last own batch of each model slot),
+
+and keeps the count of the replies checked and what it found in
+``RUN_DIR/privacy/evaluator/audit-K.json`` (``K`` the partition id):
+``{"replies": n, "label_records": ["train.forward", ...], "label_arrays":
+["train.forward:activations/y", ...]}``. In a prefix split the server holds
+the labels by construction, and the audit lists them; in a label-private
+(U-shaped) split it must find none. The file is written on the node itself,
+so the check holds on real devices (the evaluator collects it; the server
+never reads it). Off (no ``privacy-record``), the mod only reads one key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+
+from fl_app import protocol as P
+from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
+
+#: The messages the audit does not check: the handshake (a label histogram, documented) and the session's
+#: wrapper (its requests are checked one by one).
+UNCHECKED = ("query.info", "query.session")
+
+
+def _own_labels(context: Context) -> list[np.ndarray]:
+    """The labels of every own-data batch the node's slots hold (int64 ``[B]`` each)."""
+    from fl_app.client.node import Node
+
+    node = Node(context)
+    y = node.task.data.y_train.numpy()
+    out = []
+    for key, record in context.state.items():
+        if key.startswith("slot.") and key.endswith(".batch") and isinstance(record, ConfigRecord):
+            if int(record.get("start", 0)) == 0 and "indices" in record:
+                out.append(y[np.asarray(list(record["indices"]), dtype=np.int64)])
+    return out
+
+
+def findings(reply: Message, labels: list[np.ndarray]) -> tuple[bool, list[str]]:
+    """``(has a labels record, ["record/array" of each integer array equal to one of labels])`` of ``reply``."""
+    found = []
+    for key, record in reply.content.items():
+        if isinstance(record, ArrayRecord):
+            for name in record.keys():
+                arr = P.record_tensor(record, name).numpy()
+                if arr.dtype.kind in "iu" and any(arr.shape == y.shape and np.array_equal(arr, y) for y in labels):
+                    found.append(f"{key}/{name}")
+    return P.LABELS in reply.content, found
+
+
+def audit_path(run_dir: str, partition_id: int) -> Path:
+    """``RUN_DIR/privacy/evaluator/audit-K.json``."""
+    return Path(run_dir) / PRIVACY_DIR / EVALUATOR_DIR / f"audit-{partition_id}.json"
+
+
+def label_audit(msg: Message, context: Context, call_next) -> Message:
+    """Flower mod: the reply of ``call_next``, audited for the node's labels when ``privacy-record`` is on."""
+    reply = call_next(msg, context)
+    task = P.get_config(context.state, P.TASK)
+    kind = msg.metadata.message_type
+    if task is None or not task.get("privacy-record") or kind in UNCHECKED or reply.has_error():
+        return reply
+    from fl_app.client.node import Node
+
+    node = Node(context, need_id=False)
+    if node.partition_id < 0:
+        return reply
+    has_record, arrays = findings(reply, _own_labels(context))
+    path = audit_path(str(node.cfg.get("output-dir")), node.partition_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    audit = json.loads(path.read_text()) if path.is_file() else {"replies": 0, "label_records": [], "label_arrays": []}
+    audit["replies"] += 1
+    if has_record:
+        audit["label_records"].append(kind)
+    audit["label_arrays"] += [f"{kind}:{a}" for a in arrays]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(audit) + "\n")
+    os.replace(tmp, path)
+    return reply
