@@ -271,8 +271,9 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("aux-holdout", 0, "hold this many training examples (seeded) out of every client's partition: the "
            "attacker's auxiliary data for `sflower attack` (0 = none; the partitions are then unchanged)", at_least=0),
     Option("privacy-record", False, "record for `sflower attack`: the server keeps the last activations each client "
-           "sent (`RUN_DIR/privacy/received.npz`), each client writes the evaluator's ground truth of that batch "
-           "(`RUN_DIR/privacy/evaluator/`); needs `output-dir`"),
+           "sent (`RUN_DIR/privacy/received.npz`; U-shaped: also every gradient the tails returned), each client "
+           "writes the evaluator's ground truth of that batch (U-shaped: of its tail's gradients and labels) and "
+           "audits every reply it sends for its labels (`RUN_DIR/privacy/evaluator/`); needs `output-dir`"),
     Option("preset", "", "a preset: `presets/NAME.toml` (or a path to a TOML file of run-config keys) applied "
            "before your keys; every key you give wins over the preset's, at any value. `sflower presets` "
            "lists them"),
