@@ -108,8 +108,9 @@ def test_surrogate_loss_gives_the_clients_gradient_and_value():
 
 # --- 2. No reply carries the labels ----------------------------------------------------------------------
 class LabelWatch:
-    """A ClientApp wrapper that inspects every real reply: its record keys, and every integer array in it
-    against the labels of the node's current own batch (read from its state by the batch's indices)."""
+    """A ClientApp wrapper that inspects every real reply: its record keys (and the handshake's label
+    histogram), and every integer array in it against the labels of the node's current own batch (read from
+    its state by the batch's indices)."""
 
     def __init__(self, labels_of) -> None:
         self.labels_of = labels_of
@@ -119,9 +120,12 @@ class LabelWatch:
 
     def __call__(self, msg: Message, context: Context) -> Message:
         reply = real_app(msg, context)
-        if reply.has_error() or msg.metadata.message_type == "query.info":
+        if reply.has_error():
             return reply
         self.replies += 1
+        info = reply.content.get(P.INFO)
+        if msg.metadata.message_type == "query.info" and P.INFO_LABEL_HISTOGRAM in info:
+            self.label_keys.append("query.info")
         batch = context.state.get(slot_key(P.OWN_SLOT, "batch"))
         labels = self.labels_of(list(batch["indices"])) if isinstance(batch, ConfigRecord) else None
         for key, record in reply.content.items():
@@ -170,7 +174,7 @@ def test_the_label_check_finds_labels_in_a_prefix_run(tmp_path):
     cfg = {"strategy": "splitfed-v1", "cut-layers": "", "cut-layer": 2, "privacy-record": True}
     watch = _watch(cfg)
     _, out = _run(tmp_path, client_app=watch, **cfg)
-    assert "train.forward" in watch.label_keys and watch.label_arrays
+    assert "train.forward" in watch.label_keys and "query.info" in watch.label_keys and watch.label_arrays
     audit = _audits(out)
     assert audit["replies"] == watch.replies
     assert sorted(audit["label_records"]) == sorted(watch.label_keys)

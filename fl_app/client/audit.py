@@ -2,11 +2,11 @@
 
 A Flower mod, the outermost of the ClientApp, so that it sees every reply as
 it leaves the node (after the cut's codecs): for each reply to the server
-(not the handshake ``query.info``, whose label histogram is documented, nor
-the ``query.session`` wrapper, whose requests pass through the mod one by
-one) it looks for
+(not the ``query.session`` wrapper, whose requests pass through the mod one
+by one) it looks for
 
-* a record named ``labels`` (:data:`fl_app.protocol.LABELS`), and
+* a record named ``labels`` (:data:`fl_app.protocol.LABELS`), or a label
+  histogram in the handshake's ``info`` record, and
 * any integer array equal to the labels of a batch of the node's own data
   that it holds (the last own batch of each model slot),
 
@@ -32,9 +32,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from fl_app import protocol as P
 from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
 
-#: The messages the audit does not check: the handshake (a label histogram, documented) and the session's
-#: wrapper (its requests are checked one by one).
-UNCHECKED = ("query.info", "query.session")
+#: The messages the audit does not check: the session's wrapper (its requests are checked one by one).
+UNCHECKED = ("query.session",)
 
 
 def _own_labels(context: Context) -> list[np.ndarray]:
@@ -52,7 +51,8 @@ def _own_labels(context: Context) -> list[np.ndarray]:
 
 
 def findings(reply: Message, labels: list[np.ndarray]) -> tuple[bool, list[str]]:
-    """``(has a labels record, ["record/array" of each integer array equal to one of labels])`` of ``reply``."""
+    """``(has a labels record or a label histogram, ["record/array" of each integer array equal to one of
+    labels])`` of ``reply``."""
     found = []
     for key, record in reply.content.items():
         if isinstance(record, ArrayRecord):
@@ -60,7 +60,8 @@ def findings(reply: Message, labels: list[np.ndarray]) -> tuple[bool, list[str]]
                 arr = P.record_tensor(record, name).numpy()
                 if arr.dtype.kind in "iu" and any(arr.shape == y.shape and np.array_equal(arr, y) for y in labels):
                     found.append(f"{key}/{name}")
-    return P.LABELS in reply.content, found
+    info = P.get_config(reply.content, P.INFO)
+    return P.LABELS in reply.content or (info is not None and P.INFO_LABEL_HISTOGRAM in info), found
 
 
 def audit_path(run_dir: str, partition_id: int) -> Path:

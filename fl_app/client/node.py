@@ -299,7 +299,8 @@ def _device_task_of(record: ConfigRecord, data_dir: str) -> tuple[RunConfig, Tas
 
 
 def query_info(msg: Message, context: Context) -> Message:
-    """Handshake: store the task, reply partition id, size and label histogram.
+    """Handshake: store the task, reply partition id, size and label histogram (not in a U-shaped run,
+    ``cut-layers``: the node keeps its label counts).
 
     Size and histogram are those of the node's training examples: its
     partition of the run's dataset, or every example in its own ``data-dir``.
@@ -315,10 +316,10 @@ def query_info(msg: Message, context: Context) -> Message:
                               f"node_config sets partition-id={context.node_config['partition-id']}")
         context.state[IDENTITY_KEY] = ConfigRecord({P.INFO_PARTITION_ID: int(assigned[P.INFO_PARTITION_ID])})
     node = Node(context, need_id=False)
-    hist = node.task.histogram(node.partition_id)
     info = ConfigRecord({
         P.INFO_PARTITION_ID: node.partition_id,
         P.INFO_NUM_EXAMPLES: node.task.num_examples(node.partition_id),
-        P.INFO_LABEL_HISTOGRAM: [int(v) for v in hist],
     })
+    if not node.cfg.get("cut-layers"):  # a label-private (U-shaped) node keeps its label counts too
+        info[P.INFO_LABEL_HISTOGRAM] = [int(v) for v in node.task.histogram(node.partition_id)]
     return Message(RecordDict({P.INFO: info}), reply_to=msg)

@@ -40,7 +40,8 @@ class ClientInfo:
         partition_id: the data partition it holds.
         node_id: its Flower node id.
         num_examples: training examples ``|D_k|``.
-        label_histogram: int64 ``[num_classes]`` label counts.
+        label_histogram: int64 ``[num_classes]`` label counts; empty where the run keeps them on the nodes
+            (``Membership.histograms`` False: U-shaped).
     """
 
     partition_id: int
@@ -55,13 +56,19 @@ class Membership:
     Args:
         seed: the run's seed (selection draws from ``(seed, STREAM_SELECTION)``).
         num_classes: the task's label count (a handshake's histogram must have it).
+        histograms: whether a handshake must report the node's label histogram; False in a label-private
+            (U-shaped) run, whose nodes keep it (:attr:`ClientInfo.label_histogram` is then empty).
     """
+
+    #: whether handshakes carry label histograms (see the class docstring)
+    histograms: bool = True
 
     #: wall seconds between two looks for excluded SuperNodes that came back (:meth:`readmit`)
     readmit_every_s: float = 5.0
 
-    def __init__(self, seed: int, num_classes: int) -> None:
+    def __init__(self, seed: int, num_classes: int, histograms: bool = True) -> None:
         self.num_classes = num_classes
+        self.histograms = histograms
         self.rng = np.random.default_rng([seed, STREAM_SELECTION])
         self.clients: dict[int, ClientInfo] = {}
         self.failed: set[int] = set()
@@ -188,13 +195,13 @@ class Membership:
             raise RunFailedError(f"nodes {self.clients[pid].node_id} and {nid} both hold partition {pid}")
         try:
             size = info[P.INFO_NUM_EXAMPLES]
-            hist = np.asarray(info[P.INFO_LABEL_HISTOGRAM], dtype=np.int64)
+            hist = np.asarray(info[P.INFO_LABEL_HISTOGRAM] if self.histograms else [], dtype=np.int64)
         except (KeyError, TypeError, ValueError) as err:
             raise RunFailedError(f"malformed handshake from node {nid}: {type(err).__name__}: {err}") from None
         classes = self.num_classes
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise RunFailedError(f"malformed handshake from node {nid}: {size!r} examples")
-        if hist.shape != (classes,) or (hist < 0).any() or int(hist.sum()) != size:
+        if self.histograms and (hist.shape != (classes,) or (hist < 0).any() or int(hist.sum()) != size):
             raise RunFailedError(f"malformed handshake from node {nid}: label histogram of {hist.size} "
                                  f"counts summing to {int(hist.sum())}, expected {classes} summing to {size}")
         self.clients[pid] = ClientInfo(pid, nid, int(size), hist)
@@ -242,7 +249,7 @@ class Membership:
             if pid not in gone or old is None or pid in back:
                 self.readmit_refused.add(nid)
                 continue
-            hist = np.asarray(info.get(P.INFO_LABEL_HISTOGRAM, []), dtype=np.int64)
+            hist = np.asarray(info.get(P.INFO_LABEL_HISTOGRAM, []) if self.histograms else [], dtype=np.int64)
             if info.get(P.INFO_NUM_EXAMPLES) != old.num_examples or not np.array_equal(hist, old.label_histogram):
                 log.warning("node %d claims partition %d with other data; not re-admitted", nid, pid)
                 self.readmit_refused.add(nid)
@@ -271,7 +278,7 @@ class Membership:
                 that holds other data (one line).
         """
         live = self.live_clients()
-        fresh = Membership(0, self.num_classes)
+        fresh = Membership(0, self.num_classes, self.histograms)
         fresh.connect(grid, cfg.replace(min_clients=len(live), join_timeout=cfg.join_timeout or timeout), timeout)
         for pid in live:
             old, new = self.clients[pid], fresh.clients.get(pid)
