@@ -104,7 +104,7 @@ def test_same_config_same_metrics(tmp_path):
 #: U-shaped (label-private) with every client-side defence on (issue 35): the tails' iso noise, NoPeek and
 #: clipped noise on the heads' activations, all seeded per node, so the engines must still agree
 USHAPED_DEFENDED = {"cut_layers": "2,6", "label_defence": "iso", "label_noise": 1.0, "nopeek_alpha": 10.0,
-                    "act_clip": 50.0, "act_noise": 0.01}
+                    "act_clip": 50.0, "act_noise": 0.01, "privacy_record": True}
 
 
 @pytest.mark.parametrize("strategy, extra", [(s, {}) for s in ["splitfed-v1", "gas", "psl", "gapsl", "mu-splitfed",
@@ -148,6 +148,11 @@ def test_ray_matches_inprocess(tmp_path, strategy, extra):
     assert placement["nodes"][0]["messages"] == placement["messages"] >= s_ray["exchanges"]
     assert sorted(placement["clients"]) == ["0", "1", "2"]
     assert 1 <= placement["max_parallel"] <= 2
+    if extra:  # the label attack reads the same tail gradients, with the same labels, off either engine's run
+        from simulation.label_leakage import attack_run
+
+        ray_labels, local_labels = attack_run(tmp_path / "ray"), attack_run(tmp_path / "local")
+        assert ray_labels == local_labels and ray_labels["samples"] == 3 * 2 * 8
     if strategy == "gas":
         # 3 clients in flight on 2 actors: two clients' messages ran at the same time
         assert placement["max_parallel"] == 2 and len(placement["nodes"][0]["processes"]) == 2

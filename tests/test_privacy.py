@@ -156,10 +156,11 @@ def test_defences_lower_the_inversion(attacked):
 
 
 def test_report_adds_the_inversion_columns_and_plots(tmp_path):
-    """Attacked runs: PSNR and SSIM columns (mean ± 95 % half-width), privacy.png and cut-layer.png."""
+    """Attacked runs: PSNR and SSIM columns (mean ± 95 % half-width), privacy.png and cut-layer.png; attacked
+    U-shaped runs: the label AUC columns and label-leakage.png."""
     import pandas as pd
 
-    from simulation.outputs.privacy_report import plot_cut_layer, plot_privacy
+    from simulation.outputs.privacy_report import plot_cut_layer, plot_label_leakage, plot_privacy
     from simulation.outputs.report import _label, summarize
 
     nan = float("nan")
@@ -178,6 +179,13 @@ def test_report_adds_the_inversion_columns_and_plots(tmp_path):
     assert plot_privacy(tmp_path, table, ["cut-layer"], _label).stat().st_size > 0
     assert plot_cut_layer(tmp_path, table, ["strategy", "cut-layer"]).stat().st_size > 0
     assert plot_cut_layer(tmp_path, table, ["strategy"]) is None
+    # no U-shaped run: no label columns, no label plot; with them: both AUCs, and label-leakage.png
+    assert "label AUC, direction" not in rows.columns and plot_label_leakage(tmp_path, table, [], _label) is None
+    table["label_norm_auc"], table["label_direction_auc"] = [0.5, 0.5, 0.5, 0.5], [0.9, 1.0, nan, nan]
+    rows = summarize(table, ["cut-layer"]).set_index("cut-layer")
+    assert rows.loc[1, "label AUC, direction"] == "0.950 ± 0.635"  # sd 0.0707, sem 0.05
+    assert rows.loc[3, "label AUC, direction"] == "–" and rows.loc[1, "label AUC, norm"] == "0.500 ± 0.000"
+    assert plot_label_leakage(tmp_path, table, ["cut-layer"], _label).name == "label-leakage.png"
 
 
 def test_noise_is_seeded_per_node_and_forward(tmp_path, one_torch_thread):

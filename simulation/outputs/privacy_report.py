@@ -74,57 +74,48 @@ def _groups(table: pd.DataFrame, keys: list[str]):
         yield dict(zip(keys, values)), group
 
 
+def _accuracy_against(out: Path, table: pd.DataFrame, keys: list[str], label: Any, column: str, xlabel: str,
+                      name: str, marker: str) -> Path:
+    """Final accuracy (%) against ``column``, one point per configuration (mean and 95 % intervals on both
+    axes) labelled by ``label(keys, values)``, one colour per strategy; ``out/name``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    colours: dict[str, str] = {}
+    for row, group in _groups(table[table[column].notna()], keys):
+        strategy = str(group["strategy"].iloc[0])
+        colour = colours.setdefault(strategy, f"C{len(colours)}")
+        x, xh = mean_ci(group[column].astype(float).tolist())
+        y, yh = mean_ci((100 * group["final_accuracy"]).astype(float).tolist())
+        ax.errorbar(x, y, xerr=None if math.isnan(xh) else xh, yerr=None if math.isnan(yh) else yh, fmt=marker,
+                    color=colour, capsize=3, label=strategy if strategy not in ax.get_legend_handles_labels()[1]
+                    else None)
+        ax.annotate(label(list(row), tuple(row.values())), (x, y), fontsize=7, xytext=(4, 2),
+                    textcoords="offset points")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("final test accuracy (%, mean and 95% interval)")
+    return _finish(fig, ax, out / name)
+
+
 def plot_privacy(out: Path, table: pd.DataFrame, keys: list[str], label: Any) -> Path:
     """Final accuracy (%) against the inversion's PSNR (dB), one point per configuration with 95 % intervals
     on both axes, one colour per strategy, each point labelled by ``label(keys, values)``; ``out/privacy.png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    colours: dict[str, str] = {}
-    for row, group in _groups(table, keys):
-        strategy = str(group["strategy"].iloc[0])
-        colour = colours.setdefault(strategy, f"C{len(colours)}")
-        x, xh = mean_ci(group[PSNR].astype(float).tolist())
-        y, yh = mean_ci((100 * group["final_accuracy"]).astype(float).tolist())
-        ax.errorbar(x, y, xerr=None if math.isnan(xh) else xh, yerr=None if math.isnan(yh) else yh, fmt="o",
-                    color=colour, capsize=3, label=strategy if strategy not in ax.get_legend_handles_labels()[1]
-                    else None)
-        ax.annotate(label(list(row), tuple(row.values())), (x, y), fontsize=7, xytext=(4, 2),
-                    textcoords="offset points")
-    ax.set_xlabel("inversion PSNR (dB; higher: the server reconstructs the inputs better)")
-    ax.set_ylabel("final test accuracy (%, mean and 95% interval)")
-    return _finish(fig, ax, out / "privacy.png")
+    return _accuracy_against(out, table, keys, label, PSNR,
+                             "inversion PSNR (dB; higher: the server reconstructs the inputs better)",
+                             "privacy.png", "o")
 
 
 def plot_label_leakage(out: Path, table: pd.DataFrame, keys: list[str], label: Any) -> Path | None:
-    """Final accuracy (%) against the label attack's direction AUC, one point per configuration with 95 %
-    intervals on both axes, one colour per strategy; ``out/label-leakage.png``, or None without U-shaped runs."""
+    """Final accuracy (%) against the label attack's direction AUC, as :func:`plot_privacy`;
+    ``out/label-leakage.png``, or None without U-shaped runs."""
     if DIRECTION not in table.columns or not table[DIRECTION].notna().any():
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    colours: dict[str, str] = {}
-    for row, group in _groups(table[table[DIRECTION].notna()], keys):
-        strategy = str(group["strategy"].iloc[0])
-        colour = colours.setdefault(strategy, f"C{len(colours)}")
-        x, xh = mean_ci(group[DIRECTION].astype(float).tolist())
-        y, yh = mean_ci((100 * group["final_accuracy"]).astype(float).tolist())
-        ax.errorbar(x, y, xerr=None if math.isnan(xh) else xh, yerr=None if math.isnan(yh) else yh, fmt="s",
-                    color=colour, capsize=3, label=strategy if strategy not in ax.get_legend_handles_labels()[1]
-                    else None)
-        ax.annotate(label(list(row), tuple(row.values())), (x, y), fontsize=7, xytext=(4, 2),
-                    textcoords="offset points")
-    ax.axvline(0.5, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("label inference AUC, direction scoring (0.5: chance; 1: every label read)")
-    ax.set_ylabel("final test accuracy (%, mean and 95% interval)")
-    return _finish(fig, ax, out / "label-leakage.png")
+    return _accuracy_against(out, table, keys, label, DIRECTION,
+                             "label inference AUC, direction scoring (0.5: chance; 1: every label read)",
+                             "label-leakage.png", "s")
 
 
 def plot_cut_layer(out: Path, table: pd.DataFrame, keys: list[str]) -> Path | None:
