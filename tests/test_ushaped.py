@@ -5,14 +5,18 @@
   batches gives (same SGD: lr, momentum, weight decay; the client's momentum
   restarts with each round's start weights, as the protocol resets it).
 * No reply a client sends in a U-shaped run (every strategy that has the form)
-  carries a ``labels`` record or an integer array equal to the labels of its
-  current batch; the same check finds the labels in a prefix run.
+  carries a ``labels`` record, a label histogram or an integer array equal to
+  the labels of its current batch; the same check finds the labels in a
+  prefix run; the clients' own audit (``privacy-record``) agrees reply for
+  reply.
 * Every leg is charged: the requests' compute and transfer figures against
   :class:`~fl_app.costs.BlockCosts` by hand.
 * Bad input is one line and exit 2; every strategy without a U-shaped form
   refuses it saying why.
 * U-shaped splitfed-v1 learns mnist-5k about as well as the prefix split on the
   same budget; over the session transport it gives the in-process metrics.
+* Label inference reads the labels off the returned gradients, in-process and
+  from a run's record (``sflower attack``); max-norm and iso noise lower it.
 """
 
 from __future__ import annotations
