@@ -30,20 +30,18 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from fl_app import protocol as P
+from fl_app.client.node import Node
 from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
 
 #: The messages the audit does not check: the session's wrapper (its requests are checked one by one).
 UNCHECKED = ("query.session",)
 
 
-def _own_labels(context: Context) -> list[np.ndarray]:
+def _own_labels(node: Node) -> list[np.ndarray]:
     """The labels of every own-data batch the node's slots hold (int64 ``[B]`` each)."""
-    from fl_app.client.node import Node
-
-    node = Node(context)
     y = node.task.data.y_train.numpy()
     out = []
-    for key, record in context.state.items():
+    for key, record in node.state.items():
         if key.startswith("slot.") and key.endswith(".batch") and isinstance(record, ConfigRecord):
             if int(record.get("start", 0)) == 0 and "indices" in record:
                 out.append(y[np.asarray(list(record["indices"]), dtype=np.int64)])
@@ -76,12 +74,10 @@ def label_audit(msg: Message, context: Context, call_next) -> Message:
     kind = msg.metadata.message_type
     if task is None or not task.get("privacy-record") or kind in UNCHECKED or reply.has_error():
         return reply
-    from fl_app.client.node import Node
-
     node = Node(context, need_id=False)
     if node.partition_id < 0:
         return reply
-    has_record, arrays = findings(reply, _own_labels(context))
+    has_record, arrays = findings(reply, _own_labels(node))
     path = audit_path(str(node.cfg.get("output-dir")), node.partition_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     audit = json.loads(path.read_text()) if path.is_file() else {"replies": 0, "label_records": [], "label_arrays": []}

@@ -23,10 +23,9 @@ from fl_app import protocol as P
 from fl_app.client.node import Node, acknowledgement, node_and_config
 from fl_app.client.state import RNG_KEY, RNG_SEED
 from fl_app.label_defence import defence_generator, perturb
-from fl_app.privacy import append_tail_truth
 from fl_app.live import committing
 from fl_app.models import fixed_rng
-from fl_app.privacy import NOISE_SEED
+from fl_app.privacy import NOISE_SEED, append_tail_truth
 from fl_app.training import load_gradients
 
 
