@@ -54,7 +54,8 @@ def max_norm_noise(grad: torch.Tensor, generator: torch.Generator) -> torch.Tens
 
 
 def iso_noise(grad: torch.Tensor, t: float, generator: torch.Generator) -> torch.Tensor:
-    """``grad`` ``[B, ...]`` with each row perturbed by ``N(0, (t·‖g_max‖)²/d · I_d)`` (``d`` the row's size).
+    """``grad`` ``[B, ...]`` with each row perturbed by ``N(0, (t·‖g_max‖)²/d · I_d)`` (``d`` the row's size):
+    the isotropic-noise baseline of Li et al., ICLR 2022, scaled by ``t`` (sflower's parametrisation).
 
     Args:
         grad: the gradient a tail returns (any device); one row per sample.

@@ -212,18 +212,40 @@ def write_ground_truth(run_dir: str, partition_id: int, x: torch.Tensor, acts: t
     os.replace(tmp, path)
 
 
+def tail_truth_path(run_dir: str | Path, partition_id: int) -> Path:
+    """``RUN_DIR/privacy/evaluator/tail-K.npys``: client K's record of its tail's returned gradients."""
+    return Path(run_dir) / PRIVACY_DIR / EVALUATOR_DIR / f"tail-{partition_id}.npys"
+
+
 def append_tail_truth(run_dir: str, partition_id: int, grad: torch.Tensor, labels: torch.Tensor) -> None:
-    """Append a U-shaped tail's returned gradient (as sent, ``[B, ...]``) and its batch's labels (``[B]``) to
-    the evaluator's record ``RUN_DIR/privacy/evaluator/tail-K.npz`` (``g`` float32 ``[N, d]``, ``y`` int64
-    ``[N]``), replaced atomically: the ground truth of the label attack (:mod:`simulation.label_leakage`)."""
-    folder = Path(run_dir) / PRIVACY_DIR / EVALUATOR_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"tail-{partition_id}.npz"
-    g = grad.detach().cpu().float().reshape(grad.shape[0], -1).numpy()
-    y = labels.detach().cpu().to(torch.int64).numpy()
-    if path.is_file():
-        with np.load(path) as old:
-            g, y = np.concatenate([old["g"], g]), np.concatenate([old["y"], y])
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, g=g, y=y)
-    os.replace(tmp, path)
+    """Append a U-shaped tail's returned gradient (as sent, ``[B, ...]``, as float32 ``[B, d]``) and its
+    batch's labels (int64 ``[B]``) to the evaluator's record :func:`tail_truth_path`: the ground truth of the
+    label attack (:mod:`simulation.label_leakage`). The file is a stream of ``.npy`` arrays, ``g`` then ``y``
+    per reply, appended without reading it back (one write per reply, however long the run)."""
+    path = tail_truth_path(run_dir, partition_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as fh:
+        np.save(fh, grad.detach().cpu().float().reshape(grad.shape[0], -1).numpy())
+        np.save(fh, labels.detach().cpu().to(torch.int64).numpy())
+
+
+def read_tail_truth(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(g [N, d] float32, y [N] int64)``: every pair :func:`append_tail_truth` wrote to ``path``, in order
+    (a pair cut short, as by a killed client, is left out).
+
+    Raises:
+        OSError: ``path`` cannot be read.
+    """
+    grads, labels = [], []
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        while fh.tell() < size:
+            try:
+                g, y = np.load(fh), np.load(fh)
+            except (ValueError, EOFError, OSError):
+                break
+            grads.append(g)
+            labels.append(y)
+    if not grads:
+        return np.zeros((0, 0), dtype=np.float32), np.zeros(0, dtype=np.int64)
+    return np.concatenate(grads), np.concatenate(labels)

@@ -27,7 +27,7 @@ the client's batch as ground truth (which the server does not have).
 ``privacy-record=true`` (any engine), :func:`attack_run` scores the gradients
 its server recorded (``RUN_DIR/privacy/received.npz``) against the clients'
 own record of what they sent and of their labels
-(``RUN_DIR/privacy/evaluator/tail-K.npz``); ``sflower attack`` calls it on
+(``RUN_DIR/privacy/evaluator/tail-K.npys``); ``sflower attack`` calls it on
 U-shaped runs and writes ``RUN_DIR/privacy/labels.json``.
 """
 
@@ -46,7 +46,7 @@ from fl_app import protocol as P
 from fl_app.client.state import slot_key
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
-from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
+from fl_app.privacy import PRIVACY_DIR, read_tail_truth, tail_truth_path
 
 #: The label attack's result file, under ``RUN_DIR/privacy/``.
 LABELS_JSON = "labels.json"
@@ -163,7 +163,7 @@ def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None
     ``RUN_DIR/privacy/labels.json`` and returns its content.
 
     The server's rows of client K (``g-K`` of ``received.npz``, in arrival order) are scored only where they
-    are what the client sent (``tail-K.npz``'s ``g``: equal shape and values, within 1e-6 relative, or
+    are what the client sent (:func:`fl_app.privacy.read_tail_truth` of ``tail-K.npys``: equal shape and values, within 1e-6 relative, or
     within 10 % of the largest entry when ``compress-up`` is lossy), with that file's labels as the truth.
 
     Args:
@@ -189,16 +189,16 @@ def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None
     grads, labels, pids, unmatched = [], [], [], []
     for name in sorted((n for n in received.files if n.startswith("g-")), key=lambda n: (len(n), n)):
         pid, got = int(name[2:]), received[name]
-        truth = run_dir / PRIVACY_DIR / EVALUATOR_DIR / f"tail-{pid}.npz"
-        sent = np.load(truth) if truth.is_file() else None
+        truth = tail_truth_path(run_dir, pid)
+        sent_g, sent_y = read_tail_truth(truth) if truth.is_file() else (None, None)
         scale = float(np.abs(got).max() or 1.0)
         tol = 1e-6 * scale if lossless else 0.1 * scale
-        if sent is None or sent["g"].shape != got.shape or float(np.abs(sent["g"] - got).max()) > tol:
+        if sent_g is None or sent_g.shape != got.shape or float(np.abs(sent_g - got).max()) > tol:
             unmatched.append(pid)
             continue
         pids.append(pid)
         grads.append(got)
-        labels.append(sent["y"])
+        labels.append(sent_y)
     if not pids:
         raise ConfigError(f"{run_dir}: no recorded tail gradient matches a client's record (a U-shaped run with "
                           "privacy-record=true and output-dir=RUN_DIR records them)")

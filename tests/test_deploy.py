@@ -341,7 +341,9 @@ def test_ushaped_deployed_equals_in_process_and_no_reply_carries_labels(tmp_path
     summary, run_dir = _deploy(tmp_path, nodes="3", transport="session", **keys)
     assert summary["status"] == "completed" and summary["failed_clients"] == []
     out = run_dir / "out"
-    audits = [json.loads((out / "privacy" / "evaluator" / f"audit-{k}.json").read_text()) for k in range(3)]
+    from fl_app.client.audit import audit_path, read_audit
+
+    audits = [read_audit(audit_path(out, k)) for k in range(3)]
     assert sum(a["replies"] for a in audits) >= 3 * 2 * 2  # 3 rounds of 2 clients, 2 iterations: >= 4 legs up
     assert all(a["label_records"] == [] and a["label_arrays"] == [] for a in audits), audits
     received = np.load(out / "privacy" / "received.npz")

@@ -150,9 +150,11 @@ def _watch(cfg: dict) -> LabelWatch:
 
 def _audits(out: Path) -> dict:
     """The clients' label audits of a privacy-record run (fl_app.client.audit), summed over the clients."""
+    from fl_app.client.audit import read_audit
+
     total = {"replies": 0, "label_records": [], "label_arrays": []}
-    for path in sorted((out / "privacy" / "evaluator").glob("audit-*.json")):
-        audit = json.loads(path.read_text())
+    for path in sorted((out / "privacy" / "evaluator").glob("audit-*.jsonl")):
+        audit = read_audit(path)
         total["replies"] += audit["replies"]
         total["label_records"] += audit["label_records"]
         total["label_arrays"] += audit["label_arrays"]
@@ -426,3 +428,27 @@ def test_the_attack_reads_the_labels_off_what_the_server_recorded(tmp_path, caps
     np.savez(out / "privacy" / "received.npz", **received)
     with pytest.raises(ConfigError, match="matches a client's record"):
         attack_run(out)
+
+
+def test_the_clients_records_are_appended_and_a_cut_short_end_is_left_out(tmp_path):
+    """The tail record and the audit are appended one reply at a time (never read back on the node); reading
+    them gives every whole reply in order, and leaves out a last one cut short (a client killed mid-write)."""
+    from fl_app.client.audit import read_audit
+    from fl_app.privacy import append_tail_truth, read_tail_truth, tail_truth_path
+
+    grads = [torch.arange(6.0).reshape(2, 3), torch.ones(2, 1, 3)]
+    labels = [torch.tensor([4, 7]), torch.tensor([1, 2])]
+    for g, y in zip(grads, labels):
+        append_tail_truth(str(tmp_path), 3, g, y)
+    g, y = read_tail_truth(tail_truth_path(tmp_path, 3))
+    assert g.dtype == np.float32 and g.shape == (4, 3) and y.tolist() == [4, 7, 1, 2]
+    assert np.array_equal(g[:2], grads[0].numpy()) and np.array_equal(g[2:], np.ones((2, 3)))
+    path = tail_truth_path(tmp_path, 3)
+    path.write_bytes(path.read_bytes()[:-5])  # the second pair's labels cut short
+    g, y = read_tail_truth(path)
+    assert g.shape == (2, 3) and y.tolist() == [4, 7]
+    audit = tmp_path / "audit-0.jsonl"
+    audit.write_text('{"reply": "train.forward", "label_record": true, "label_arrays": ["labels/y"]}\n'
+                     '{"reply": "train.backward", "label_record": false, "label_arrays": []}\n{"reply": "tr')
+    assert read_audit(audit) == {"replies": 2, "label_records": ["train.forward"],
+                                 "label_arrays": ["train.forward:labels/y"]}

@@ -10,10 +10,12 @@ by one) it looks for
 * any integer array equal to the labels of a batch of the node's own data
   that it holds (the last own batch of each model slot),
 
-and keeps the count of the replies checked and what it found in
-``RUN_DIR/privacy/evaluator/audit-K.json`` (``K`` the partition id):
-``{"replies": n, "label_records": ["train.forward", ...], "label_arrays":
-["train.forward:activations/y", ...]}``. In a prefix split the server holds
+and appends one line per reply checked to
+``RUN_DIR/privacy/evaluator/audit-K.jsonl`` (``K`` the partition id; one
+write per reply, never read back on the node): ``{"reply": "train.forward",
+"label_record": false, "label_arrays": ["activations/y", ...]}``.
+:func:`read_audit` sums a file into ``{"replies": n, "label_records":
+["train.forward", ...], "label_arrays": ["train.forward:labels/y", ...]}``. In a prefix split the server holds
 the labels by construction, and the audit lists them; in a label-private
 (U-shaped) split it must find none. The file is written on the node itself,
 so the check holds on real devices (the evaluator collects it; the server
@@ -23,7 +25,6 @@ never reads it). Off (no ``privacy-record``), the mod only reads one key.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -62,9 +63,30 @@ def findings(reply: Message, labels: list[np.ndarray]) -> tuple[bool, list[str]]
     return P.LABELS in reply.content or (info is not None and P.INFO_LABEL_HISTOGRAM in info), found
 
 
-def audit_path(run_dir: str, partition_id: int) -> Path:
-    """``RUN_DIR/privacy/evaluator/audit-K.json``."""
-    return Path(run_dir) / PRIVACY_DIR / EVALUATOR_DIR / f"audit-{partition_id}.json"
+def audit_path(run_dir: str | Path, partition_id: int) -> Path:
+    """``RUN_DIR/privacy/evaluator/audit-K.jsonl``."""
+    return Path(run_dir) / PRIVACY_DIR / EVALUATOR_DIR / f"audit-{partition_id}.jsonl"
+
+
+def read_audit(path: str | Path) -> dict:
+    """The audit of one node, summed: ``{"replies": n, "label_records": [message type of each reply with a
+    labels record or a label histogram], "label_arrays": ["type:record/array", ...]}`` (a line cut short, as
+    by a killed node, is left out).
+
+    Raises:
+        OSError: ``path`` cannot be read.
+    """
+    total: dict = {"replies": 0, "label_records": [], "label_arrays": []}
+    for line in Path(path).read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        total["replies"] += 1
+        if entry["label_record"]:
+            total["label_records"].append(entry["reply"])
+        total["label_arrays"] += [f"{entry['reply']}:{a}" for a in entry["label_arrays"]]
+    return total
 
 
 def label_audit(msg: Message, context: Context, call_next) -> Message:
@@ -80,12 +102,6 @@ def label_audit(msg: Message, context: Context, call_next) -> Message:
     has_record, arrays = findings(reply, _own_labels(node))
     path = audit_path(str(node.cfg.get("output-dir")), node.partition_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    audit = json.loads(path.read_text()) if path.is_file() else {"replies": 0, "label_records": [], "label_arrays": []}
-    audit["replies"] += 1
-    if has_record:
-        audit["label_records"].append(kind)
-    audit["label_arrays"] += [f"{kind}:{a}" for a in arrays]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(audit) + "\n")
-    os.replace(tmp, path)
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"reply": kind, "label_record": has_record, "label_arrays": arrays}) + "\n")
     return reply

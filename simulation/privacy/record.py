@@ -74,7 +74,7 @@ class ReceivedActivations:
         """Remove a former run's tail records and label audits under ``RUN_DIR/privacy/evaluator/`` (the clients
         add to them): in simulation, where the server and the clients share ``output-dir``."""
         folder = Path(run_dir) / PRIVACY_DIR / EVALUATOR_DIR
-        for path in [*folder.glob("tail-*.npz"), *folder.glob("audit-*.json")]:
+        for path in [*folder.glob("tail-*.npys"), *folder.glob("audit-*.jsonl")]:
             path.unlink()
 
 
