@@ -241,7 +241,7 @@ def read_tail_truth(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
         size = os.fstat(fh.fileno()).st_size
         while fh.tell() < size:
             try:
-                g, y = np.load(fh), np.load(fh)
+                g, y = np.load(fh, allow_pickle=False), np.load(fh, allow_pickle=False)  # object arrays refused
             except (ValueError, EOFError, OSError):
                 break
             grads.append(g)

@@ -415,14 +415,21 @@ def _numerics_of(args: argparse.Namespace) -> str:
     Raises:
         ConfigError: a sweep whose runs mix modes (a process has one).
     """
-    import json
+    from fl_app.options import CORE_OPTIONS
+    from fl_app.untrusted import read_json_table
 
     if args.command == "run":
         pairs = parse_key_values(args.pairs)
-        if "resume" in pairs and "numerics" not in pairs:
+        if "resume" in pairs and "numerics" not in pairs:  # the run directory is untrusted: a checked value
             saved = Path(pairs["resume"]) / "config.json"
-            config = json.loads(saved.read_text()).get("config", {}) if saved.is_file() else {}
-            return str(config.get("numerics", "fast"))
+            config = read_json_table(saved).get("config", {}) if saved.is_file() else {}
+            option = next(opt for opt in CORE_OPTIONS if opt.key == "numerics")
+            mode = option.coerce(config.get("numerics", "fast") if isinstance(config, dict) else "fast")
+            try:
+                option.validate(mode)
+            except ConfigError as err:
+                raise ConfigError(f"{saved}: {err}") from None
+            return str(mode)
         return pairs.get("numerics", "fast")
     if args.command == "deploy" and args.pairs[:1] != ["bench"]:  # its SuperLink and SuperNodes inherit the environment
         return parse_key_values(list(args.pairs)).get("numerics", "fast")

@@ -47,6 +47,7 @@ from fl_app.client.state import slot_key
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
 from fl_app.privacy import PRIVACY_DIR, read_tail_truth, tail_truth_path
+from fl_app.untrusted import read_json_table, read_npz
 
 #: The label attack's result file, under ``RUN_DIR/privacy/``.
 LABELS_JSON = "labels.json"
@@ -179,12 +180,14 @@ def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None
     from simulation.privacy.record import RECEIVED_FILE
 
     run_dir = Path(run_dir)
-    config = json.loads((run_dir / "config.json").read_text())["config"]
+    config = read_json_table(run_dir / "config.json").get("config")
+    if not isinstance(config, dict):
+        raise ConfigError(f"{run_dir / 'config.json'}: no run configuration")
     if received is None:
         path = run_dir / PRIVACY_DIR / RECEIVED_FILE
         if not path.is_file():
             raise ConfigError(f"{run_dir}: no {PRIVACY_DIR}/{RECEIVED_FILE} (run with privacy-record=true)")
-        received = np.load(path)
+        received = read_npz(path)
     lossless = config.get("compress-up", "none") == "none"
     grads, labels, pids, unmatched = [], [], [], []
     for name in sorted((n for n in received.files if n.startswith("g-")), key=lambda n: (len(n), n)):

@@ -25,6 +25,7 @@ from fl_app.errors import ConfigError
 from fl_app.link import check_links
 from fl_app.numerics import establish, machine_record
 from fl_app.privacy import check_defences
+from fl_app.untrusted import run_dir_config
 from simulation.outputs.records import RunRecorder, default_output_dir
 from simulation.outputs.saved_model import ModelSaver
 from fl_app.task import Task, check_batch_size, load_task, write_partition_plot
@@ -110,17 +111,22 @@ def resume_pairs(resume: str, pairs: Mapping[str, Any]) -> dict[str, Any]:
     ``output-dir`` = ``RUN_DIR`` and the keys a resumed run may change (:data:`~strategies.core.checkpoint.RESUMABLE_KEYS`:
     ``checkpoint-every``, the session endpoint's) taken from ``pairs``, the keys given with it.
 
+    The checkpoint's configuration is untrusted input (:func:`fl_app.untrusted.run_dir_config`): checked like
+    the user's keys, and a ``data-dir`` (or TLS file, plugin strategy, preset path) it names is refused unless
+    ``pairs`` names it.
+
     Raises:
-        ConfigError: no run directory or no checkpoint in it, or a key of ``pairs`` that differs from the
-            checkpoint's and may not (one line).
+        ConfigError: no run directory or no checkpoint in it, a checkpoint configuration that fails the checks,
+            or a key of ``pairs`` that differs from the checkpoint's and may not (one line).
     """
     if not resume:
         raise ConfigError("resume needs a run directory: resume=RUN_DIR")
     run_dir = Path(resume)
     if not run_dir.is_dir():
         raise ConfigError(f"resume={resume}: no such run directory")
-    saved = dict(read_meta(run_dir / CHECKPOINT_FILE)["config"])
     pairs = {k.replace("_", "-"): v for k, v in pairs.items() if k != "resume"}
+    source = run_dir / CHECKPOINT_FILE
+    saved = run_dir_config(read_meta(source).get("config"), str(source), pairs)  # untrusted: fl_app.untrusted
     given = RunConfig.from_mapping({**saved, **pairs}).as_dict()
     for key in pairs:
         if key == "output-dir" and Path(str(given[key])).resolve() == run_dir.resolve():

@@ -4,7 +4,10 @@
   stratified 4,000/1,000 train/test split (seed 0, independent of the run seed).
   Works offline; no files needed.
 * ``mnist``, ``fashion-mnist``: the original IDX files (gzip-compressed or not).
-* ``cifar10``, ``cifar100``: the python-pickle batches.
+* ``cifar10``, ``cifar100``: the python-pickle batches, read by
+  :class:`CifarUnpickler`, which builds NumPy arrays, dicts, lists, bytes,
+  strings and numbers and refuses every other global a pickle names (so a
+  planted pickle runs no code).
 
 Corrupt files raise :class:`~fl_app.errors.ConfigError`; absent files make
 :func:`_load_local` return None so that the caller can try the hub.
@@ -135,16 +138,47 @@ def _load_idx(name: str, files: list[Path]) -> ImageDataset:
     return _make(name, xtr[:, None], ytr, xte[:, None], yte)
 
 
+_RECONSTRUCT = np.zeros(1).__reduce__()[0]  # numpy's ndarray rebuilder, whichever module holds it
+#: The globals a CIFAR batch pickle may name (``module``, ``name``): what NumPy's ndarray pickles need, under
+#: NumPy 1's names (``numpy.core``, the genuine CIFAR files) and NumPy 2's (``numpy._core``).
+CIFAR_GLOBALS: dict[tuple[str, str], object] = {
+    **{(f"numpy.{core}.multiarray", "_reconstruct"): _RECONSTRUCT for core in ("core", "_core")},
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+}
+
+
+class CifarUnpickler(pickle.Unpickler):
+    """A :class:`pickle.Unpickler` that rebuilds only NumPy arrays and dtypes (:data:`CIFAR_GLOBALS`) besides
+    the built-in values a pickle holds without naming a global (dicts, lists, tuples, bytes, str, int, float):
+    the pattern of :meth:`pickle.Unpickler.find_class` in the Python documentation ("Restricting Globals").
+
+    Raises:
+        pickle.UnpicklingError: the pickle names any other global (one line naming it).
+    """
+
+    def find_class(self, module: str, name: str) -> object:
+        """The allowed global ``module.name``; anything else is refused before it is imported."""
+        try:
+            return CIFAR_GLOBALS[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"refused global {module}.{name}") from None
+
+
 def _read_cifar_file(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, "rb") as f:
-            d = pickle.load(f, encoding="bytes")
+            d = CifarUnpickler(f, encoding="bytes").load()
+    except pickle.UnpicklingError as err:
+        raise ConfigError(f"corrupt CIFAR file '{path}': {' '.join(str(err).split())}") from None
     except Exception as err:  # noqa: BLE001 - any unpickling failure is a bad file
         raise ConfigError(f"corrupt CIFAR file '{path}': {type(err).__name__}") from None
     if not isinstance(d, dict) or b"data" not in d or label_key not in d:
         raise ConfigError(f"corrupt CIFAR file '{path}': expected a dict with b'data' and {label_key!r}")
-    x = np.asarray(d[b"data"])
-    y = np.asarray(d[label_key], dtype=np.int64)
+    try:
+        x, y = np.asarray(d[b"data"]), np.asarray(d[label_key], dtype=np.int64)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise ConfigError(f"corrupt CIFAR file '{path}': {type(err).__name__} in its data or labels") from None
     if x.ndim != 2 or x.shape[1] != 3072 or x.shape[0] != y.shape[0]:
         raise ConfigError(f"corrupt CIFAR file '{path}': data {x.shape}, labels {y.shape}")
     return x.astype(np.uint8, copy=False).reshape(-1, 3, 32, 32), y

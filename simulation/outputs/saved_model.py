@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from fl_app.errors import ConfigError
+from fl_app.untrusted import read_json
 from fl_app.models import BlockModel
 from simulation.outputs.records import RunListener
 
@@ -140,27 +141,30 @@ def load_saved_model(target: str | Path) -> SavedModel:
     from fl_app.models import build_model
 
     path = resolve_model_path(target)
-    try:
-        meta = json.loads(_sidecar(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{_sidecar(path)}: unreadable ({err})") from None
+    meta = read_json(_sidecar(path))  # untrusted: bounded size and depth, one-line errors
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ConfigError(f"{_sidecar(path)}: not an sflower model description ({FORMAT})")
     missing = [k for k in ("model", "input-shape", "num-classes", "cut-layer", "dataset") if k not in meta]
     if missing:
         raise ConfigError(f"{_sidecar(path)}: {', '.join(missing)} missing")
-    model = build_model(str(meta["model"]), tuple(meta["input-shape"]), int(meta["num-classes"]))
+    try:
+        shape, classes = tuple(int(n) for n in meta["input-shape"]), int(meta["num-classes"])
+        if len(shape) != 3 or not all(0 < n <= 4096 for n in shape) or not 0 < classes <= 100_000:
+            raise ValueError("input-shape or num-classes out of range")
+        model = build_model(str(meta["model"]), shape, classes)
+    except (TypeError, ValueError, OverflowError, RuntimeError) as err:
+        raise ConfigError(f"{_sidecar(path)}: describes no buildable model ({type(err).__name__})") from None
     try:
         load_model(model, str(path), strict=True)
         clients = {}
         if meta.get("client-models"):
             tensors = load_file(str(path.with_name(meta["client-models"])))
-            for pid in meta["clients"]:
+            for pid in list(meta["clients"]):
                 m = copy.deepcopy(model)
                 m.segment(0, int(meta["cut-layer"])).load_state_dict(
                     {k.split(":", 1)[1]: v for k, v in tensors.items() if k.split(":", 1)[0] == str(pid)})
                 clients[int(pid)] = m
-    except (OSError, RuntimeError, ValueError, KeyError, SafetensorError) as err:  # bad file, wrong weights
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError, SafetensorError) as err:  # bad file, wrong weights
         raise ConfigError(f"{path}: cannot load into {meta['model']}: {str(err).strip().splitlines()[0]}") from None
     model.eval()
     return SavedModel(meta, model, clients)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import csv
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from fl_app.options import parse_cut_layers
 from fl_app.errors import ConfigError
 from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
 from fl_app.task import load_task
+from fl_app.untrusted import read_json_table, read_npz, run_dir_config
 from simulation.label_leakage import attack_run
 from simulation.outputs.saved_model import load_saved_model
 from simulation.privacy.inversion import save_grid, scores, to_pixels, train_decoder, train_shadow
@@ -83,14 +85,19 @@ def attack_options(pairs: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+#: Recorded keys the attack never uses (it opens no session): reset to their defaults.
+UNUSED_KEYS = ("session-certificate", "session-key", "session-ca")
+
+
 def _run_config(run_dir: Path, data_dir: str) -> RunConfig:
-    try:
-        values = json.loads((run_dir / "config.json").read_text())["config"]
-    except (OSError, KeyError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{run_dir}: no readable config.json ({err})") from None
-    if data_dir:
-        values["data-dir"] = data_dir
-    return RunConfig.from_mapping(values)
+    """The run's configuration from ``config.json``, checked as untrusted input
+    (:func:`fl_app.untrusted.run_dir_config`); ``data_dir``: the user's ``data-dir``, which wins."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: no config.json (not a run directory)")
+    user = {"data-dir": data_dir} if data_dir else {}
+    values = run_dir_config(read_json_table(path).get("config"), str(path), user, ignore=UNUSED_KEYS)
+    return RunConfig.from_mapping({**values, **user})
 
 
 def _pairs(run_dir: Path, cfg: RunConfig) -> tuple[list[int], torch.Tensor, torch.Tensor, list[int]]:
@@ -99,22 +106,25 @@ def _pairs(run_dir: Path, cfg: RunConfig) -> tuple[list[int], torch.Tensor, torc
     if not path.is_file():
         raise ConfigError(f"{run_dir}: no {PRIVACY_DIR}/{RECEIVED_FILE} (run with privacy-record=true "
                           "output-dir=RUN_DIR, on a strategy whose clients send activations)")
-    received = np.load(path)
+    received = read_npz(path)
     lossless = cfg.get("compress-up") == "none"
     pids, xs, origs, unmatched = [], [], [], []
-    for name in sorted(received.files, key=lambda n: (len(n), n)):
-        if not name.startswith("x-"):
-            continue
-        pid, got = int(name[2:]), received[name]
-        truth = run_dir / PRIVACY_DIR / EVALUATOR_DIR / f"client-{pid}.npz"
-        sent = np.load(truth) if truth.is_file() else None
-        tol = 0.0 if lossless else 0.1 * float(np.abs(got).max() or 1.0)
-        if sent is None or sent["acts"].shape != got.shape or float(np.abs(sent["acts"] - got).max()) > tol:
-            unmatched.append(pid)
-            continue
-        pids.append(pid)
-        xs.append(torch.from_numpy(got))
-        origs.append(torch.from_numpy(sent["x"]))
+    try:
+        for name in sorted(received.files, key=lambda n: (len(n), n)):
+            if not name.startswith("x-") or not name[2:].isdigit():
+                continue
+            pid, got = int(name[2:]), received[name]
+            truth = run_dir / PRIVACY_DIR / EVALUATOR_DIR / f"client-{pid}.npz"
+            sent = read_npz(truth) if truth.is_file() else None
+            tol = 0.0 if lossless else 0.1 * float(np.abs(got).max() or 1.0)
+            if sent is None or sent["acts"].shape != got.shape or float(np.abs(sent["acts"] - got).max()) > tol:
+                unmatched.append(pid)
+                continue
+            pids.append(pid)
+            xs.append(torch.from_numpy(got))
+            origs.append(torch.from_numpy(sent["x"]))
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as err:
+        raise ConfigError(f"{run_dir}: unreadable privacy record ({type(err).__name__})") from None
     if not pids:
         raise ConfigError(f"{run_dir}: no received batch matches a client's record")
     return pids, torch.cat(xs), torch.cat(origs), unmatched
@@ -169,12 +179,15 @@ def run_attack(run_dir: str | Path, **options: Any) -> dict[str, Any]:
     mean, std = task.data.mean, task.data.std
     recon_px, orig_px = to_pixels(recon, mean, std), to_pixels(originals, mean, std)
     floor = to_pixels(x_aux, mean, std).mean(dim=0, keepdim=True).expand_as(orig_px)
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    summary = read_json_table(run_dir / "summary.json") if (run_dir / "summary.json").is_file() else {}
+    accuracy = summary.get("final_accuracy")
+    if accuracy is not None and (isinstance(accuracy, bool) or not isinstance(accuracy, (int, float))):
+        raise ConfigError(f"{run_dir / 'summary.json'}: final_accuracy is not a number")
     row = {"strategy": cfg.strategy, "cut_layer": cut, "seed": int(cfg.seed),
            "nopeek_alpha": float(cfg.get("nopeek-alpha")), "act_clip": clip, "act_noise": sigma,
            "client_model": "uploaded" if uploads else "shadow", "aux": f"{opts['aux']}:{len(x_aux)}",
            "samples": int(len(received)), **scores(recon_px, orig_px),
-           "psnr_floor": scores(floor, orig_px)["psnr"], "test_accuracy": summary.get("final_accuracy")}
+           "psnr_floor": scores(floor, orig_px)["psnr"], "test_accuracy": accuracy}
     out = run_dir / PRIVACY_DIR
     record = {**row, "clients": pids, "unmatched_clients": unmatched, "epochs": int(opts["epochs"]),
               "shadow_epochs": int(opts["shadow-epochs"]) if not uploads else 0, "attack_seed": int(opts["seed"])}

@@ -3,7 +3,9 @@
 A checkpoint is one file, ``RUN_DIR/checkpoint.sfl``, written atomically (a
 temporary file in the same directory, flushed and fsynced, then
 :func:`os.replace`), so a run killed while writing one keeps the previous
-one. Loading it executes nothing: no pickle anywhere. It holds
+one. Loading it executes nothing: no pickle anywhere, and every part is
+checked before it is used (a run directory is untrusted input; see
+:func:`read` and :func:`loads`). It holds
 
 * a magic line (:data:`MAGIC`), then the length of a JSON header and the
   header: ``format`` (:data:`FORMAT`) and ``meta``, plain JSON values
@@ -16,7 +18,12 @@ one. Loading it executes nothing: no pickle anywhere. It holds
   RNG states and every live client's ``context.state``, fetched from its node
   (:mod:`strategies.core.client_states`; see :meth:`Checkpointer.write`).
   Shared objects stay shared (an optimizer's state keys are the model's
-  Parameters), views keep sharing their storage.
+  Parameters), views keep sharing their storage;
+* the SHA-256 digest of everything before it (32 bytes): a truncated or
+  bit-flipped file is refused before its state is parsed. (Anyone can
+  recompute it: it detects corruption, it authenticates nothing. What keeps a
+  crafted checkpoint harmless is the codec's allowlist and the checks of
+  :func:`loads` and of the configuration, :func:`fl_app.untrusted.run_dir_config`.)
 
 Objects of the run's environment (the task and its data, the
 configuration, clock, timing, recorder and grid) are not written: they are
@@ -35,6 +42,8 @@ it, resuming from it; it receives the strategy's callbacks, not the strategy.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -62,10 +71,15 @@ LEGACY_CHECKPOINT_FILE = "checkpoint.pt"
 #: Version of the file layout; a file of another version is refused. 2: the strategy's state holds its
 #: collaborators (membership, exchange, metric log, checkpointer; issue 22) where 1 held their attributes.
 #: 3: JSON + safetensors instead of a pickle. 4: the clients' states by partition, fetched with ``query.checkpoint`` on
-#: every engine, where 3 held the in-process grid's node states.
-FORMAT = 4
+#: every engine, where 3 held the in-process grid's node states. 5: the file ends with a SHA-256 digest of what
+#: precedes it (a truncated or altered file is refused before its state is parsed).
+FORMAT = 5
 #: The first bytes of a checkpoint file.
 MAGIC = b"SFLOWER-CHECKPOINT\n"
+#: The largest JSON header read (bytes): a larger length field is refused before anything is allocated.
+MAX_HEADER_BYTES = 64 * 2**20
+#: The length of the SHA-256 digest that ends a checkpoint file (of everything before it).
+DIGEST_BYTES = 32
 
 __all__ = ["CHECKPOINT_FILE", "FORMAT", "LEGACY_CHECKPOINT_FILE", "MAGIC",
            "CheckpointError", "dumps", "loads", "write", "read", "read_meta", "rng_state", "set_rng_state",
@@ -106,17 +120,22 @@ def loads(data: bytes, env: Mapping[str, Any]) -> Any:
         if n > len(data) - 8:
             raise ValueError("truncated graph")
         graph = json.loads(data[8:8 + n])
-        blobs = safetensors.torch.load(data[8 + n:])
+        blobs = safetensors.torch.load(bytes(data[8 + n:]))
     except Exception as err:  # noqa: BLE001 - any unreadable state gets the same one-line error
         raise CheckpointError(f"the checkpoint's state is unreadable ({type(err).__name__})") from None
     try:
         return decode(graph, blobs, env)
     except state_codec.CodecError as err:
         raise CheckpointError(f"cannot load the checkpoint: {err}") from None
+    except RecursionError:
+        raise CheckpointError("cannot load the checkpoint: its object graph is nested too deep") from None
+    except Exception as err:  # noqa: BLE001 - a malformed graph (wrong shapes, kinds, arguments): one line
+        raise CheckpointError(f"cannot load the checkpoint: malformed state ({type(err).__name__})") from None
 
 
 def write(path: str | Path, meta: Mapping[str, Any], state: bytes) -> None:
-    """Write a checkpoint atomically: ``path.tmp`` (flushed, fsynced), then :func:`os.replace`.
+    """Write a checkpoint atomically: ``path.tmp`` (flushed, fsynced), then :func:`os.replace`. The file ends with
+    the SHA-256 digest of everything before it (:data:`DIGEST_BYTES` bytes).
 
     Raises:
         CheckpointError: ``meta`` is not plain JSON.
@@ -126,10 +145,14 @@ def write(path: str | Path, meta: Mapping[str, Any], state: bytes) -> None:
         header = json.dumps({"format": FORMAT, "meta": dict(meta)}, allow_nan=False).encode()
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"cannot write a checkpoint: its meta is not plain JSON ({err})") from None
+    head = MAGIC + struct.pack("<Q", len(header)) + header
+    digest = hashlib.sha256(head)
+    digest.update(state)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
-        fh.write(MAGIC + struct.pack("<Q", len(header)) + header)
+        fh.write(head)
         fh.write(state)
+        fh.write(digest.digest())
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -140,25 +163,35 @@ def _older(path: Path) -> CheckpointError:
                            f"sflower refuses to load (format {FORMAT}): start the run again")
 
 
-def _header(path: Path, fh: Any) -> dict[str, Any]:
-    start = fh.read(len(MAGIC))
-    if start != MAGIC:
-        if start[:1] == b"\x80" or start[:4] == b"PK\x03\x04":  # a pickle (protocol 2+), a torch.save zip
+def _header(path: Path, data: bytes) -> tuple[dict[str, Any], int]:
+    """``(header, offset of the state)`` of a checkpoint's bytes; checks the magic line, the header's length
+    (within the file, at most :data:`MAX_HEADER_BYTES`), its JSON and its format version."""
+    if not data.startswith(MAGIC):
+        if data[:1] == b"\x80" or data[:4] == b"PK\x03\x04":  # a pickle (protocol 2+), a torch.save zip
             raise _older(path)
         raise CheckpointError(f"{path} is not a readable checkpoint (no sflower checkpoint header)")
+    start = len(MAGIC) + 8
+    if len(data) < start:
+        raise CheckpointError(f"{path} is not a readable checkpoint (truncated header)")
+    (n,) = struct.unpack("<Q", data[len(MAGIC):start])
+    if n > min(MAX_HEADER_BYTES, len(data) - start):
+        raise CheckpointError(f"{path} is not a readable checkpoint (header length {n} exceeds the file or "
+                              f"{MAX_HEADER_BYTES} bytes)")
     try:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
-    except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one-line error
+        header = json.loads(data[start:start + n])
+    except RecursionError:
+        raise CheckpointError(f"{path} is not a readable checkpoint (header nested too deep)") from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(err).__name__})") from None
     if not isinstance(header, dict) or not isinstance(header.get("meta"), dict):
         raise CheckpointError(f"{path} is not an sflower checkpoint")
     if header.get("format") != FORMAT:
-        raise CheckpointError(f"{path} has checkpoint format {header.get('format')!r}; this sflower reads {FORMAT}")
-    return header
+        shown = str(header.get("format"))[:40] if isinstance(header.get("format"), (int, str)) else "?"
+        raise CheckpointError(f"{path} has checkpoint format {shown}; this sflower reads {FORMAT}")
+    return header, start + n
 
 
-def _open(path: str | Path) -> tuple[Path, Any]:
+def _open(path: str | Path) -> tuple[Path, bytes]:
     path = Path(path)
     if not path.is_file():
         legacy = path.with_name(LEGACY_CHECKPOINT_FILE)
@@ -166,8 +199,8 @@ def _open(path: str | Path) -> tuple[Path, Any]:
             raise _older(legacy)
         raise CheckpointError(f"no checkpoint at {path} (was the run started with checkpoint-every=N?)")
     try:
-        return path, open(path, "rb")
-    except OSError as err:
+        return path, path.read_bytes()
+    except (OSError, MemoryError) as err:
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(err).__name__})") from None
 
 
@@ -176,19 +209,20 @@ def read(path: str | Path) -> tuple[dict[str, Any], bytes]:
 
     Raises:
         CheckpointError: no such file, not a checkpoint, another format version (an older pickle
-            checkpoint included: refused without being read).
+            checkpoint included: refused without being read), a digest that does not match (truncated or
+            altered), a header length beyond the file.
     """
-    path, fh = _open(path)
-    with fh:
-        header = _header(path, fh)
-        return header["meta"], fh.read()
+    path, data = _open(path)
+    header, offset = _header(path, data)
+    body, digest = data[:-DIGEST_BYTES], data[-DIGEST_BYTES:]
+    if len(body) < offset or not hmac.compare_digest(hashlib.sha256(body).digest(), digest):
+        raise CheckpointError(f"{path} is corrupt: its SHA-256 digest does not match (truncated or altered)")
+    return header["meta"], body[offset:]
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
-    """The ``meta`` part of a checkpoint (see :func:`read`), without reading its state."""
-    path, fh = _open(path)
-    with fh:
-        return _header(path, fh)["meta"]
+    """The ``meta`` part of a checkpoint (see :func:`read`; the whole file is checked against its digest)."""
+    return read(path)[0]
 
 
 def rng_state() -> dict[str, Any]:
@@ -258,10 +292,12 @@ def load_run(path: str | Path, name: str, config: Mapping[str, Any], env: Mappin
     return loads(data, env)
 
 
-#: Run-config keys a resumed run may change: where and how often it checkpoints, what it resumes from, and
-#: the session endpoint of a restarted deployment's ServerApp (its address and TLS files are the new process's).
-RESUMABLE_KEYS = frozenset({"checkpoint-every", "output-dir", "resume", "session-address", "session-certificate",
-                            "session-key", "session-ca"})
+#: Run-config keys a resumed run may change: where and how often it checkpoints, what it resumes from, where
+#: the data lies on this machine (``data-dir``: a run directory's is never read, the user gives it again;
+#: ``dataset`` must match) and the session endpoint of a restarted deployment's ServerApp (its address and TLS
+#: files are the new process's).
+RESUMABLE_KEYS = frozenset({"checkpoint-every", "output-dir", "resume", "data-dir", "session-address",
+                            "session-certificate", "session-key", "session-ca"})
 
 
 class Checkpointer:
