@@ -72,8 +72,10 @@ def preset_values(name: str) -> dict[str, Any]:
                           "or give a path to a .toml file")
     try:
         table = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise ConfigError(f"preset {path}: {err}") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"preset {path}: {' '.join(str(err).split())[:300]}") from None
+    except RecursionError:
+        raise ConfigError(f"preset {path}: nested too deep") from None
     nested = [k for k, v in table.items() if isinstance(v, dict)]
     if nested:
         raise ConfigError(f"preset {path}: expected flat run-config keys, found table(s) {', '.join(nested)}")

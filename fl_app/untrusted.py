@@ -23,6 +23,7 @@ is checked like the keys a user types, and more:
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ def read_npz(path: str | Path) -> Any:
     """
     try:
         return np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as err:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise ConfigError(f"{path}: not a readable .npz record ({type(err).__name__})") from None
 
 

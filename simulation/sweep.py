@@ -58,6 +58,7 @@ import pandas as pd
 
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
+from fl_app.untrusted import read_json_table
 
 if TYPE_CHECKING:
     from simulation.outputs.trackers import TrackingContext
@@ -75,8 +76,13 @@ def load_sweep(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"sweep file '{path}' does not exist")
     try:
         spec = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"sweep file '{path}' is not valid TOML: {err}") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"sweep file '{path}' is not valid TOML: {' '.join(str(err).split())[:300]}") from None
+    except RecursionError:
+        raise ConfigError(f"sweep file '{path}' is nested too deep") from None
+    tables = [k for k in ("meta", "base", "variants", "grid") if not isinstance(spec.get(k, {}), dict)]
+    if tables or not all(isinstance(v, dict) for v in dict(spec.get("variants", {})).values()):
+        raise ConfigError(f"sweep file '{path}': {', '.join(tables) or 'variants'} must be tables")
     base = dict(spec.get("base", {}))
     grid = dict(spec.get("grid", {}))
     if not grid:
@@ -123,9 +129,9 @@ def is_complete(run_dir: Path) -> bool:
     if not summary.exists():
         return False
     try:
-        status = str(json.loads(summary.read_text()).get("status"))
+        status = str(read_json_table(summary).get("status"))
         return status == "completed" or status.startswith("diverged")
-    except json.JSONDecodeError:
+    except ConfigError:  # unreadable: not a finished run (the sweep runs it again)
         return False
 
 
@@ -217,7 +223,7 @@ def attack_run(run_dir: Path, options: str) -> None:
 
     if not (run_dir / "summary.json").is_file() or (run_dir / "privacy" / RESULT_JSON).is_file():
         return
-    if json.loads((run_dir / "summary.json").read_text()).get("status") != "completed":
+    if read_json_table(run_dir / "summary.json").get("status") != "completed":
         return
     opts = {k.replace("_", "-"): v for k, v in parse_key_values(options.split()).items()}
     res = run_attack(run_dir, **opts)
@@ -244,9 +250,9 @@ def inversion_columns(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "privacy" / "inversion.json"
     if not path.is_file():
         return {}
-    res = json.loads(path.read_text())
+    res = read_json_table(path)
     labels_path = run_dir / "privacy" / "labels.json"  # U-shaped runs: simulation.label_leakage.attack_run
-    labels = json.loads(labels_path.read_text()) if labels_path.is_file() else {}
+    labels = read_json_table(labels_path) if labels_path.is_file() else {}
     return {**{f"inversion_{k}": res[k] for k in ("mse", "psnr", "ssim")},
             **{f"label_{k}": labels[k] for k in ("norm_auc", "direction_auc") if k in labels}}
 
@@ -261,9 +267,11 @@ def collect(out_dir: str | Path, target: float = 0.0) -> pd.DataFrame:
         run_dir = cfg_path.parent
         if not (run_dir / "summary.json").exists() or not (run_dir / "metrics.csv").exists():
             continue
-        config = json.loads(cfg_path.read_text())["config"]
+        config = read_json_table(cfg_path).get("config")
+        if not isinstance(config, dict):
+            raise ConfigError(f"{cfg_path}: no run configuration")
         variant = dict(kv.split("=", 1) for kv in run_dir.name.split(",") if "=" in kv).get("variant")
-        summary = json.loads((run_dir / "summary.json").read_text())
+        summary = read_json_table(run_dir / "summary.json")
         metrics = pd.read_csv(run_dir / "metrics.csv")
         t_s, t_it = time_to_target(metrics, target)
         rows.append({
