@@ -20,7 +20,7 @@ CIFAR pickles (``files._read_cifar_file``)          test_cifar_*
 IDX files (``files._read_idx``)                     test_idx_absurd_shape
 ``received.npz``, ``client-K.npz``                  test_npz_records_refuse_pickles
 ``tail-K.npys`` (``privacy.read_tail_truth``)       test_npz_records_refuse_pickles
-``model.safetensors``, ``model.json``               test_saved_model_*
+``model.safetensors``, ``model.json``               test_saved_model_*, test_evaluate_refuses_*
 sweep files (``sweep.load_sweep``)                  test_sweep_and_preset_toml
 presets (``config.preset_values``)                  test_sweep_and_preset_toml, test_attack_config_*
 ``session-key``/``-certificate``/``-ca``            test_resume_refuses_a_run_dirs_tls_files
@@ -355,15 +355,15 @@ def test_idx_absurd_shape(tmp_path):
         D_files._read_idx(path, 2051)
 
 
-def _saved_model_dir(tmp_path: Path) -> Path:
+def _saved_model_dir(tmp_path: Path, shape: tuple[int, int, int] = (1, 28, 28)) -> Path:
     import torch
     from fl_app.models import build_model
     from simulation.outputs.saved_model import FORMAT, save_model
 
     run_dir = tmp_path / "saved"
     run_dir.mkdir()
-    model = build_model("lenet5", (1, 28, 28), 10)
-    save_model(run_dir / "model.safetensors", model, {"format": FORMAT, "model": "lenet5", "input-shape": [1, 28, 28],
+    model = build_model("lenet5", shape, 10)
+    save_model(run_dir / "model.safetensors", model, {"format": FORMAT, "model": "lenet5", "input-shape": list(shape),
                                                      "num-classes": 10, "cut-layer": 2, "dataset": "mnist-5k"})
     del torch
     return run_dir
@@ -398,6 +398,26 @@ def test_saved_model_safetensors_and_json(tmp_path):
     (run_dir / "model.json").write_text("[" * 100_000)
     with pytest.raises(ConfigError, match="nested too deep|not valid JSON"):
         load_saved_model(run_dir)
+
+
+def test_evaluate_refuses_a_model_jsons_data_dir(tmp_path, capsys):
+    """sflower evaluate: model.json recording dataset=cifar10 and data-dir=RUN_DIR (planted pickles) is refused
+    unless the user names data-dir; then the restricted unpickler refuses the pickles. No marker."""
+    from simulation import cli
+
+    marker = tmp_path / "pwned"
+    run_dir = _saved_model_dir(tmp_path, (3, 32, 32))
+    _plant_cifar(run_dir, marker)
+    meta = json.loads((run_dir / "model.json").read_text())
+    meta.update({"dataset": "cifar10", "data-dir": str(run_dir)})
+    (run_dir / "model.json").write_text(json.dumps(meta))
+    assert cli.main(["evaluate", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "pass data-dir=... yourself" in err and err.count("\n") == 1
+    assert cli.main(["evaluate", str(run_dir), f"data-dir={run_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert "refused global io.open" in err and err.count("\n") == 1
+    assert not marker.exists()
 
 
 # --------------------------------------------------------------------------- checkpoint body and fuzzing

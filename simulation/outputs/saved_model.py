@@ -177,8 +177,9 @@ def evaluate_saved_model(target: str | Path, dataset: str | None = None, data_di
     Args:
         target: a run directory or a ``.safetensors`` file.
         dataset: the dataset whose test set is used (default: the run's).
-        data_dir: its files (default: the run's ``data-dir`` for the run's
-            dataset, else none: embedded or from the hub).
+        data_dir: its files (default: none: embedded or from the hub). A
+            ``data-dir`` that ``model.json`` records is never read: the
+            user names it (:mod:`fl_app.untrusted`).
         device: where to evaluate (``auto``, ``cpu``, ``cuda[:N]``).
 
     Returns:
@@ -187,7 +188,8 @@ def evaluate_saved_model(target: str | Path, dataset: str | None = None, data_di
         accuracy and loss are the means over clients, as in the run).
 
     Raises:
-        ConfigError: unreadable model, unknown dataset or missing data, or a
+        ConfigError: unreadable model, unknown dataset or missing data, a
+            ``model.json`` naming a ``data-dir`` the user did not give, or a
             dataset whose image shape or class count differs from the model's.
     """
     from fl_app.data import load_dataset
@@ -198,8 +200,10 @@ def evaluate_saved_model(target: str | Path, dataset: str | None = None, data_di
     saved = load_saved_model(target)
     meta = saved.meta
     name = dataset or str(meta["dataset"])
-    if data_dir is None:
-        data_dir = str(meta.get("data-dir") or "") if name == meta["dataset"] else ""
+    recorded = str(meta.get("data-dir") or "")
+    if data_dir is None and recorded and name == meta["dataset"]:  # a run directory is untrusted input
+        raise ConfigError(f"{_sidecar(resolve_model_path(target))} names data-dir={recorded[:200]!r}; sflower reads no "
+                          "directory a run directory names: pass data-dir=... yourself")
     data = normalised(load_dataset(name, data_dir or None), str(meta.get("normalize", "dataset")))
     if list(data.input_shape) != list(meta["input-shape"]) or data.num_classes != int(meta["num-classes"]):
         raise ConfigError(f"{name} has {data.num_classes} classes of shape {list(data.input_shape)}; the model takes "
