@@ -195,7 +195,7 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
             if is_complete(run_dir):
                 print(f"[{i}/{len(runs)}] {run_dir.name}: done, skipped")
                 if attack is not None:
-                    attack_run(run_dir, attack)
+                    attack_run(run_dir, attack, str(run_config(run).get("data-dir", "")))
                 continue
             print(f"[{i}/{len(runs)}] {run_dir.name}")
             cfg = run_config(run)
@@ -209,15 +209,17 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
                 outcome = "diverged" if isinstance(err, DivergedError) else "failed"
                 print(f"[{i}/{len(runs)}] {run_dir.name}: {outcome}: {err}")
             if attack is not None:
-                attack_run(run_dir, attack)
+                attack_run(run_dir, attack, str(run_config(run).get("data-dir", "")))
     table = collect(out, target=float(spec["meta"].get("target-accuracy", 0.0)))
     return table
 
 
-def attack_run(run_dir: Path, options: str) -> None:
+def attack_run(run_dir: Path, options: str, data_dir: str = "") -> None:
     """``[meta] attack = "KEY=VALUE ..."``: ``sflower attack`` (:func:`simulation.privacy.attack.run_attack`,
     with those keys) on a run the sweep holds, right after it completed (or when a resumed sweep finds it
-    completed without ``privacy/inversion.json``); a run that diverged or failed is not attacked."""
+    completed without ``privacy/inversion.json``); a run that diverged or failed is not attacked. ``data_dir``:
+    the run's ``data-dir`` as the sweep file gives it (the user's key; the run directory's is not read), unless
+    ``options`` names one."""
     from fl_app.config import parse_key_values
     from simulation.privacy.attack import RESULT_JSON, run_attack
 
@@ -226,6 +228,8 @@ def attack_run(run_dir: Path, options: str) -> None:
     if read_json_table(run_dir / "summary.json").get("status") != "completed":
         return
     opts = {k.replace("_", "-"): v for k, v in parse_key_values(options.split()).items()}
+    if data_dir:
+        opts.setdefault("data-dir", data_dir)
     res = run_attack(run_dir, **opts)
     labels = (f", label AUC norm {res['labels']['norm_auc']:.3f}, direction {res['labels']['direction_auc']:.3f}"
               if "labels" in res else "")

@@ -131,7 +131,8 @@ def attacked(fmnist_dir, tmp_path_factory, one_torch_thread):
         run_dir = tmp_path_factory.mktemp(name) / "run"
         values = {**SMALL, **extra, "data-dir": fmnist_dir, "output-dir": run_dir}
         assert main(cli_args(values)) == 0
-        assert main(["attack", str(run_dir), "epochs=8"]) == 0
+        assert main(["attack", str(run_dir), "epochs=8"]) == 2  # the run dir's data-dir is not read ...
+        assert main(["attack", str(run_dir), "epochs=8", f"data-dir={fmnist_dir}"]) == 0  # ... the user's is
         out[name] = json.loads((run_dir / "privacy" / "inversion.json").read_text())
         assert (run_dir / "privacy" / "inversion.png").stat().st_size > 0
     return out
