@@ -455,9 +455,9 @@ def real_checkpoint(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     ckpt.save_run = capture
+    small = {**BASE, "num-clients": 2, "local-iterations": 1, "eval-samples": 50, "checkpoint-every": 1}
     try:
-        run_inprocess(plan_run(RunConfig.from_mapping({**BASE, "checkpoint-every": 1, "output-dir": str(out)})),
-                      progress=False)
+        run_inprocess(plan_run(RunConfig.from_mapping({**small, "output-dir": str(out)})), progress=False)
     finally:
         ckpt.save_run = original
         torch.set_num_threads(threads)

@@ -26,7 +26,6 @@ the tables are rebuilt, the plots already there are linked, none is drawn.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from fl_app.errors import ConfigError
+from fl_app.untrusted import read_json_table
 from simulation.outputs.privacy_report import (attacked, plot_cut_layer, plot_label_leakage, plot_privacy,
                                                privacy_columns)
 from simulation.stats import Paired, mean_ci, paired
@@ -45,9 +45,15 @@ def _sweep_meta(out: Path) -> tuple[list[str], dict[str, Any], list[str]]:
     """(grid keys except seed, meta table, run names in sweep order) of a sweep directory."""
     path = out / "sweep.json"
     if path.exists():
-        spec = json.loads(path.read_text())
-        keys = list(spec["grid"])
-        order = [run_name(r, keys) for r in expand(spec)]
+        spec = read_json_table(path)  # a sweep directory is untrusted input: bounded, checked
+        if not all(isinstance(spec.get(k, {}), dict) for k in ("grid", "meta", "base", "variants")) or \
+                not all(isinstance(v, list) for v in spec.get("grid", {}).values()):
+            raise ConfigError(f"{path}: not a sweep description (grid, meta, base and variants must be tables)")
+        keys = list(spec.get("grid", {}))
+        try:
+            order = [run_name(r, keys) for r in expand(spec)]
+        except (KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"{path}: not a sweep description ({type(err).__name__})") from None
         return [k for k in keys if k != "seed"], spec.get("meta", {}), order
     return ["strategy"], {}, []
 
@@ -338,14 +344,19 @@ def plot_profiles(out: Path, run_dir: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    profiles = json.loads((run_dir / "config.json").read_text()).get("device_profiles", [])
-    rates = [p["uplink_bps"] for p in profiles]
-    if not profiles or all(r == "inf" for r in rates):
+    profiles = read_json_table(run_dir / "config.json").get("device_profiles", [])
+    try:
+        rates = [float(p["uplink_bps"]) for p in profiles]
+        speeds = [float(p["flops_per_s"]) for p in profiles]
+        ids = [str(p["partition_id"]) for p in profiles]
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"{run_dir / 'config.json'}: device_profiles are not sflower's") from None
+    if not profiles or all(math.isinf(r) for r in rates):
         return None
     fig, ax = plt.subplots(figsize=(5, 4))
-    ax.scatter([p["flops_per_s"] / 1e9 for p in profiles], [float(r) / 1e6 for r in rates])
-    for p in profiles:
-        ax.annotate(str(p["partition_id"]), (p["flops_per_s"] / 1e9, float(p["uplink_bps"]) / 1e6), fontsize=7)
+    ax.scatter([f / 1e9 for f in speeds], [r / 1e6 for r in rates])
+    for i, f, r in zip(ids, speeds, rates):
+        ax.annotate(i, (f / 1e9, r / 1e6), fontsize=7)
     ax.set_xlabel("compute speed (GFLOP/s)")
     ax.set_ylabel("uplink rate (Mbit/s)")
     ax.grid(alpha=0.3)
