@@ -104,3 +104,13 @@ def read_metrics(path: Path) -> list[dict[str, str]]:
 
     with open(path, newline="") as fh:
         return list(csv.DictReader(fh))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` (e.g. the 500-file checkpoint fuzz) run only when ``-m`` names ``slow``."""
+    if "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
