@@ -10,7 +10,7 @@ is checked like the keys a user types, and more:
   nesting too deep, its bytes not UTF-8 or not JSON: one-line
   :class:`~fl_app.errors.ConfigError`;
 * :func:`run_dir_config`: the recorded configuration must be a flat table of
-  scalar values whose keys and values pass :class:`~fl_app.config.RunConfig`'s
+  scalar values (finite numbers, strings without control characters) whose keys and values pass :class:`~fl_app.config.RunConfig`'s
   checks (the :class:`~fl_app.options.Option` declarations: unknown keys, bad
   types, out-of-range values). Beyond that, nothing it names is opened or
   imported unless the user names it: a key of :data:`PATH_KEYS` other than its
@@ -23,6 +23,8 @@ is checked like the keys a user types, and more:
 from __future__ import annotations
 
 import json
+import math
+import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,6 +45,7 @@ PATH_KEYS = ("data-dir", "session-certificate", "session-key", "session-ca")
 MAX_VALUE_CHARS = 4096
 
 _DEFAULTS = {opt.key: opt.default for opt in CORE_OPTIONS}
+_KEY = re.compile(r"[a-z0-9][a-z0-9_-]{0,79}")
 
 
 def read_json(path: str | Path, what: str = "") -> Any:
@@ -120,8 +123,13 @@ def run_dir_config(saved: Any, source: str, user: Mapping[str, Any] | None = Non
     user = {str(k).replace("_", "-"): v for k, v in dict(user or {}).items()}
     values: dict[str, Any] = {}
     for key, value in saved.items():
-        if not isinstance(value, (bool, int, float, str)) or (isinstance(value, str) and len(value) > MAX_VALUE_CHARS):
-            raise ConfigError(f"{source}: {str(key)[:80]!r} holds a {type(value).__name__}, not a run-config value")
+        if not _KEY.fullmatch(str(key)):
+            raise ConfigError(f"{source}: {str(key)[:80]!r} is not a run-config key")
+        if not isinstance(value, (bool, int, float, str)) or (isinstance(value, str) and (
+                len(value) > MAX_VALUE_CHARS or any(ord(c) < 32 for c in value))) or (
+                isinstance(value, float) and not math.isfinite(value)):
+            raise ConfigError(f"{source}: {key} holds {type(value).__name__} {str(value)[:40]!r}, not a run-config "
+                              "value")
         values[str(key).replace("_", "-")] = value
     try:  # a plugin's keys folded into strategy-options are keys like the others (and checked as such)
         folded = parse_strategy_options(str(values.get("strategy-options", "") or ""))
@@ -137,8 +145,8 @@ def run_dir_config(saved: Any, source: str, user: Mapping[str, Any] | None = Non
             values[key] = _DEFAULTS.get(key, values[key])
     strategy = str(values.get("strategy", ""))
     if ":" in strategy and str(user.get("strategy", "")) != strategy:
-        raise ConfigError(f"{source} names the plugin strategy={strategy[:200]}, which sflower imports only when "
-                          f"you give strategy={strategy[:200]} yourself")
+        raise ConfigError(f"{source} names the plugin strategy={strategy[:200]!r}, which sflower imports only when "
+                          "you give that strategy= yourself")
     preset = str(values.get("preset", "") or "")
     if preset and preset not in preset_names() and "preset" not in user:
         raise ConfigError(f"{source} names preset={preset[:200]!r}, not one of sflower's presets: pass preset=... "

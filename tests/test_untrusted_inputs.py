@@ -168,13 +168,16 @@ def test_run_dir_config_checks_like_user_keys(tmp_path):
     for bad, needle in (({**good, "no-such-key": 1}, "unknown run-config key"),
                         ({**good, "lr": "fast"}, "lr='fast' is not a valid float"),
                         ({**good, "num-clients": 0}, "num-clients must be >= 1"),
-                        ({**good, "seed": [1, 2]}, "holds a list"),
-                        ({**good, "dataset": {"x": 1}}, "holds a dict"),
+                        ({**good, "seed": [1, 2]}, "holds list"),
+                        ({**good, "dataset": {"x": 1}}, "holds dict"),
                         ([1, 2], "not a table"),
                         ({**{k: v for k, v in good.items() if k != "data-dir"},
                           "strategy-options": "data-dir=/elsewhere"}, "pass data-dir=... yourself"),
                         ({**good, "strategy-options": "data-dir=/elsewhere"}, "given twice"),
-                        ({**good, "strategy": "os:system"}, "imports only when you give strategy=os:system")):
+                        ({**good, "strategy": "os:system"}, "imports only when you give that strategy="),
+                        ({**good, "bad\nkey": 1}, "is not a run-config key"),
+                        ({**good, "data-dir": "a\nb"}, "not a run-config value"),
+                        ({**good, "lr": float("inf")}, "not a run-config value")):
         with pytest.raises(ConfigError) as err:
             run_dir_config(bad, "RUN/x.json")
         assert needle in _one_line(err.value) and "RUN/x.json" in str(err.value)
