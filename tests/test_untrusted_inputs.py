@@ -23,7 +23,7 @@ IDX files (``files._read_idx``)                     test_idx_absurd_shape
 ``model.safetensors``, ``model.json``               test_saved_model_*, test_evaluate_refuses_*
 sweep files (``sweep.load_sweep``)                  test_sweep_and_preset_toml
 presets (``config.preset_values``)                  test_sweep_and_preset_toml, test_attack_config_*
-``session-key``/``-certificate``/``-ca``            test_resume_refuses_a_run_dirs_tls_files
+``session-key``/``-certificate``/``-ca``            test_resume_refuses_a_run_dirs_tls_*, test_tls_files_*
 ==================================================  ============================================
 
 Files sflower writes and reads back in one process (metrics.csv, audit logs, locks) and ``/proc`` are not
@@ -420,6 +420,43 @@ def test_evaluate_refuses_a_model_jsons_data_dir(tmp_path, capsys):
     assert cli.main(["evaluate", str(run_dir), f"data-dir={run_dir}"]) == 2
     err = capsys.readouterr().err
     assert "refused global io.open" in err and err.count("\n") == 1
+    assert not marker.exists()
+
+
+def test_tls_files_are_parsed_before_use(tmp_path):
+    """The session's certificate, key and CA files (session-certificate/-key/-ca; sflower deploy's TLS files):
+    a pickle, garbage, an oversized file or a swapped file gives one line; a real pair reads."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from simulation.session import endpoint
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    pem_cert = cert.public_bytes(serialization.Encoding.PEM)
+    pem_key = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    (tmp_path / "c.pem").write_bytes(pem_cert)
+    (tmp_path / "k.pem").write_bytes(pem_key)
+    files = endpoint.TlsFiles(tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "c.pem")
+    assert files.read() == (pem_cert, pem_key, pem_cert)
+    marker = tmp_path / "pwned"
+    for target, data in (("k.pem", pickle.dumps(_Evil(marker))), ("k.pem", pem_cert), ("c.pem", pem_key),
+                         ("c.pem", b"-----BEGIN CERTIFICATE-----\n" + b"A" * (endpoint.MAX_PEM_BYTES + 10))):
+        (tmp_path / "c.pem").write_bytes(pem_cert)
+        (tmp_path / "k.pem").write_bytes(pem_key)
+        (tmp_path / target).write_bytes(data)
+        with pytest.raises(ConfigError) as err:
+            files.read()
+        assert "is not a PEM" in _one_line(err.value)
     assert not marker.exists()
 
 

@@ -43,6 +43,9 @@ from fl_app.session.client import CHANNEL_OPTIONS, METHOD
 from fl_app.session.wire import FrameError, decode_frame, encode_frame
 from strategies.core.errors import NODE_UNAVAILABLE
 
+#: The largest TLS file (certificate, key, CA) read, in bytes.
+MAX_PEM_BYTES = 1 << 20
+
 log = logging.getLogger("sflower")
 
 OPENING, OPEN, CLOSED, FAILED = "opening", "open", "closed", "failed"
@@ -66,18 +69,32 @@ class TlsFiles:
     ca: Path
 
     def read(self) -> tuple[bytes, bytes, bytes]:
-        """``(certificate, key, ca)`` bytes.
+        """``(certificate, key, ca)`` bytes, each parsed (``cryptography``: a PEM certificate, an unencrypted PEM
+        private key) before it reaches grpc, and at most :data:`MAX_PEM_BYTES`.
 
         Raises:
-            ConfigError: a file cannot be read.
+            ConfigError: a file cannot be read, is too large, or is not what its key says (one line).
         """
+        from cryptography import x509
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
         out = []
-        for name, path in (("session-certificate", self.certificate), ("session-key", self.key),
-                           ("session-ca", self.ca)):
+        for name, path, parse in (("session-certificate", self.certificate, x509.load_pem_x509_certificate),
+                                  ("session-key", self.key, lambda b: load_pem_private_key(b, password=None)),
+                                  ("session-ca", self.ca, x509.load_pem_x509_certificate)):
             try:
-                out.append(Path(path).read_bytes())
+                with open(path, "rb") as fh:
+                    data = fh.read(MAX_PEM_BYTES + 1)
             except OSError as err:
                 raise ConfigError(f"{name}: cannot read {path}: {err.strerror}") from None
+            try:
+                if len(data) > MAX_PEM_BYTES:
+                    raise ValueError(f"larger than {MAX_PEM_BYTES} bytes")
+                parse(data)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"{name}: {path} is not a PEM {'private key' if name == 'session-key' else 'certificate'}"
+                                  f" ({' '.join(str(err).split())[:120]})") from None
+            out.append(data)
         return out[0], out[1], out[2]
 
 
