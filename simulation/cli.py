@@ -39,7 +39,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     ``resume=RUN_DIR`` continues a killed run from ``RUN_DIR/checkpoint.sfl``
     (written with ``checkpoint-every=N``) with the checkpoint's configuration;
     keys given beside it must equal the checkpoint's, except
-    ``checkpoint-every``. Checkpoints and resume need the in-process engine.
+    ``checkpoint-every``. Checkpoints and resume work on every engine.
     Unless ``--quiet``, a first line on stdout comes at once, then the
     seconds elapsed (:func:`~strategies.core.progress.start_waiting`: the
     imports and the planning take seconds), a line with the run and its

@@ -80,3 +80,76 @@ def test_pages_say_what_is(page):
 def test_the_changelog_is_a_page_of_the_site():
     assert (ROOT / "CHANGELOG.md").is_file()
     assert '--8<-- "CHANGELOG.md"' in (DOCS / "changelog.md").read_text()
+
+
+# --- Every repository path the docs and the code's docstrings and comments name exists ----------------------------
+
+#: The top folders of the repository: a path that starts with one of them is a repository path.
+TOP_FOLDERS = ("fl_app", "strategies", "simulation", "tests", "docs", "benchmarks", "examples", "presets")
+#: A repository path: a top folder and a slash, not preceded by a path character (so ``RUN_DIR/privacy/...`` or
+#: ``https://host/docs/...`` are not one). A template's ``<...>``/``{...}`` part, an upper-case placeholder
+#: segment (``NAME``, ``REV``) and a trailing ``...`` stand for anything.
+REPO_PATH = re.compile(r"(?<![\w./$<>{}:-])((?:" + "|".join(TOP_FOLDERS) + r")/[\w./*-]*)([<{]?)")
+#: A bare file name in a code span (``gas.py``) must be some file's name in the repository, unless it is one of
+#: the papers' authors' own files, which the pages cite with their repository.
+BARE_FILE = re.compile(r"`([A-Za-z0-9_]+\.py)`")
+AUTHORS_FILES = {"GAS_main.py": "eejiarong/GAS", "main.py": "ShenJinglong/StalRingSFL",
+                 "vanilla_sl.py": "ShenJinglong/StalRingSFL"}
+CODE_FOLDERS = ("fl_app", "strategies", "simulation", "tests", "benchmarks", "examples", "docs")
+
+
+def missing_paths(text: str) -> list[str]:
+    """The repository paths named in ``text`` that name no file or folder of the checkout (globs: none matched)."""
+    missing = []
+    for match in REPO_PATH.finditer(text):
+        path, template = match.group(1).removesuffix("..."), match.group(2)
+        path = path.rstrip(".,:;").rstrip("/") + ("*" if template else "")
+        placeholders = re.sub(r"\b[A-Z][A-Z_]+\b", "*", path)
+        if not any(ROOT.glob(pattern) if "*" in pattern else (ROOT / pattern).exists()
+                   for pattern in (path, placeholders)):
+            missing.append(match.group(1))
+    return missing
+
+
+def prose_of_python(path: Path) -> str:
+    """A module's docstrings and other bare string statements and its comments, one per line (not its code)."""
+    import ast
+    import io
+    import tokenize
+
+    source = path.read_text()
+    texts = [node.value.value for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)]
+    texts += [tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+              if tok.type == tokenize.COMMENT]
+    return "\n".join(texts)
+
+
+def python_files() -> list[Path]:
+    return [p for folder in CODE_FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))]
+
+
+def test_the_path_check_sees_paths_and_only_paths():
+    """The check itself: a missing path is caught; run-directory paths, URLs and placeholders are not paths."""
+    assert missing_paths("see `strategies/algorithms/gas.py` and simulation/bench/") == [
+        "strategies/algorithms/gas.py", "simulation/bench/"]
+    assert missing_paths("`RUN_DIR/privacy/tail-0.npy`, https://example.org/docs/x, runs/tests/a.csv") == []
+    assert missing_paths("`docs/results/NAME/report.md`, `presets/NAME.toml`, `docs/results/<name>/`, "
+                         "`tests/test_*.py`, `fl_app/models/...`, (fl_app/task.py).") == []
+
+
+@pytest.mark.parametrize("page", [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))], ids=lambda p: str(p.relative_to(ROOT)))
+def test_pages_name_only_paths_that_exist(page):
+    """Every repository path on a page exists (README.md, docs/**/*.md, the results folders' pages too)."""
+    text = page.read_text()
+    assert not missing_paths(text), missing_paths(text)
+    bare = [name for name in BARE_FILE.findall(text)
+            if name not in AUTHORS_FILES and not any(ROOT.glob(f"**/{name}"))]
+    assert not bare, f"file names that no repository file has: {bare}"
+
+
+@pytest.mark.parametrize("path", python_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_docstrings_and_comments_name_only_paths_that_exist(path):
+    """The docstrings and comments of every module name only repository paths that exist (the code's string
+    literals are not checked: a benchmark names files of older revisions to ``git show`` them)."""
+    assert not missing_paths(prose_of_python(path)), missing_paths(prose_of_python(path))

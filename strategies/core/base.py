@@ -1,6 +1,6 @@
 """The strategy core: the lifecycle, the stop rules, the loop shapes and the hooks of every sflower strategy.
 
-docs/design.md §5. :class:`SFLStrategy` runs a strategy from the handshake
+docs/explanation/design.md §5. :class:`SFLStrategy` runs a strategy from the handshake
 to the summary; each concern beside the lifecycle is a collaborator that
 receives data and callbacks, not the strategy:
 
