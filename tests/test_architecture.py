@@ -212,6 +212,20 @@ def test_no_import_cycle_between_subpackages_and_modules(unit):
     assert cycle is None, f"import cycle between sub-packages and modules: {' -> '.join([*cycle, unit])}"
 
 
+@pytest.mark.parametrize("name", sorted(n for n in modules() if _is_package(n) and not n.startswith("benchmarks")))
+def test_every_package_says_what_it_holds_and_what_it_may_import(name):
+    """Each package's ``__init__.py`` has a docstring: what the package holds, then a paragraph ``Imports: ...``
+    whose first clause names exactly the floors it may import (its own and those below), so the tree says what
+    each floor is."""
+    if name == "simulation.privacy":
+        pytest.xfail("simulation/privacy/ is being edited by the privacy work; its docstring gets the line there")
+    doc = ast.get_docstring(ast.parse(modules()[name].read_text())) or ""
+    assert "Imports:" in doc, f"{_rel(modules()[name])}: no 'Imports:' paragraph in its docstring"
+    clause = doc.split("Imports:", 1)[1].split(";")[0].split(".")[0]
+    named = {floor for floor in FLOORS if f"``{floor}``" in clause}
+    assert named == set(FLOORS[: _floor(name) + 1]), (name, clause)
+
+
 @pytest.mark.parametrize("path,cls,lines", [pytest.param(f, c, n, id=f"{f}::{c}") for f, c, n in _strategy_classes()])
 def test_strategy_class_size(path, cls, lines):
     assert lines <= MAX_STRATEGY_LINES, f"{path}: strategy class {cls} spans {lines} lines (> {MAX_STRATEGY_LINES})"
