@@ -153,3 +153,90 @@ def test_docstrings_and_comments_name_only_paths_that_exist(path):
     """The docstrings and comments of every module name only repository paths that exist (the code's string
     literals are not checked: a benchmark names files of older revisions to ``git show`` them)."""
     assert not missing_paths(prose_of_python(path)), missing_paths(prose_of_python(path))
+
+
+# --- The one hook list: the base classes' docstrings -------------------------------------------------------------
+
+#: The classes whose docstrings list the hooks (rendered by docs/reference/hooks.md).
+HOOK_CLASSES = ("strategies.core.base:SFLStrategy", "strategies.core.loops:SyncStrategy",
+                "strategies.core.loops:AsyncStrategy", "strategies.core.split:SplitMixin",
+                "strategies.core.split:SyncSplitStrategy")
+
+
+def listed_hooks(doc: str) -> list[str]:
+    """The names a hook list's bullets open with (``- ``name(args)``, ``other`` (...): contract``)."""
+    names = []
+    for line in doc.splitlines():
+        if line.strip().startswith("- ``"):
+            head = line.strip()[2:].split(":", 1)[0]
+            names += [re.sub(r"\(.*", "", n) for n in re.findall(r"``([^`]+)``", head)]
+    return names
+
+
+@pytest.mark.parametrize("where", HOOK_CLASSES)
+def test_every_listed_hook_exists_and_the_reference_page_renders_the_list(where):
+    """Each hook a base class's docstring lists is an attribute of that class, and the reference page
+    renders that docstring (the one list: design.md and add-a-strategy.md link to it)."""
+    import importlib
+
+    module, cls_name = where.split(":")
+    cls = getattr(importlib.import_module(module), cls_name)
+    hooks = listed_hooks(cls.__doc__ or "")
+    assert len(hooks) >= 2, (where, hooks)
+    missing = [h for h in hooks if not hasattr(cls, h) and h not in getattr(cls, "__annotations__", {})]
+    assert not missing, f"{where} lists hooks it does not have: {missing}"
+    assert f"::: {module}.{cls_name}\n" in (DOCS / "reference" / "hooks.md").read_text()
+
+
+def test_the_guides_link_to_the_hook_list_instead_of_copying_it():
+    for page in ("explanation/design.md", "how-to/add-a-strategy.md"):
+        text = (DOCS / page).read_text()
+        assert "reference/hooks.md" in text, page
+        assert "`timed_cut(pid)`" not in text and "`collect_client_models(uploads)`" not in text, page
+
+
+# --- The inline plugin of "Add a strategy" works as shown --------------------------------------------------------
+
+def _blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.M | re.S)
+
+
+def test_the_inline_plugin_loads_checks_its_keys_and_computes_the_geometric_median(tmp_path):
+    """The page's ``pyproject.toml`` and ``median_splitfed.py`` blocks, installed nowhere: the module is put on
+    ``sys.path`` and loaded through ``strategy=module:Class``, as the example plugin's test does."""
+    import sys
+    import tomllib
+
+    import torch
+
+    from fl_app.config import RunConfig
+    from fl_app.errors import ConfigError
+    from strategies.algorithms.splitfed import SplitFedV1
+    from strategies.core.registry import get_strategy
+
+    page = (DOCS / "how-to" / "add-a-strategy.md").read_text()
+    project = tomllib.loads(next(b for b in _blocks(page, "toml") if "[project]" in b))
+    module_name, class_name = project["project"]["entry-points"]["sflower.strategies"]["splitfed-median"].split(":")
+    assert project["tool"]["setuptools"]["py-modules"] == [module_name] and "sflower" in project["project"]["dependencies"]
+    source = next(b for b in _blocks(page, "python") if f"class {class_name}(" in b)
+    (tmp_path / f"{module_name}.py").write_text(source)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        spec = f"{module_name}:{class_name}"
+        cls = get_strategy(spec)
+        cfg = RunConfig.from_mapping({"strategy": spec, "gm-iterations": 200})
+        with pytest.raises(ConfigError):
+            RunConfig.from_mapping({"strategy": spec, "gm-iterations": 0})  # at_least=1
+        with pytest.raises(ConfigError):
+            RunConfig.from_mapping({"strategy": spec, "gm-eps": 0.0})  # above=0
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(module_name, None)
+    assert issubclass(cls, SplitFedV1) and cls.name == "splitfed-median" and cfg.gm_iterations == 200
+    strategy = cls.__new__(cls)
+    strategy.cfg = cfg
+    models = [{"w": torch.tensor([v]), "n": torch.tensor(7)} for v in (0.0, 1.0, 10.0)]
+    # 1-D: the geometric median is the (weighted) median: 1 with equal weights, 10 when 10 weighs more than half
+    assert torch.allclose(strategy.aggregate_models(models, [1.0, 1.0, 1.0])["w"], torch.tensor([1.0]), atol=1e-3)
+    assert torch.allclose(strategy.aggregate_models(models, [1.0, 1.0, 5.0])["w"], torch.tensor([10.0]), atol=1e-3)
+    assert int(strategy.aggregate_models(models, [1.0, 1.0, 1.0])["n"]) == 7

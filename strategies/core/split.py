@@ -86,7 +86,20 @@ def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, 
 
 
 class SplitMixin(LabelPrivateSplit):
-    """The global model split at the cut layer (or two: :mod:`strategies.core.ushaped`), and the requests."""
+    """The global model split at the cut layer (or two: :mod:`strategies.core.ushaped`), and the requests.
+
+    Hooks, beside :class:`~strategies.core.base.SFLStrategy`'s:
+
+    - ``server_side_lr``, ``client_side_lr`` (properties): the two sides' learning rates.
+    - ``client_zo``, ``server_zo`` (properties): whether each side trains zeroth-order (MU-SplitFed forces
+      ``client_zo`` on).
+    - ``client_losses(outputs, labels)``: each client's loss from the server-side outputs (the
+      cross-entropy in a prefix split, the clients' tails in a U-shaped one).
+
+    A strategy declares a label-private (U-shaped) form with the class attribute ``ushaped_refusal``:
+    ``""`` when it has one (a subclass inherits its base's), else the one-line reason it has none
+    (:mod:`strategies.core.ushaped`).
+    """
 
     model: BlockModel
     client_model: BlockModel
@@ -240,17 +253,22 @@ class SplitMixin(LabelPrivateSplit):
 class SyncSplitStrategy(SplitMixin, SyncStrategy):
     """A synchronous SFL round; subclasses define the server side.
 
-    Hooks:
-        :meth:`batch_size_for`: each client's batch size (default B).
-        :meth:`begin_round`: before the first forward (e.g. copy server models).
-        :meth:`timed_cut`: the cut a client's work is charged at (S²FL).
-        :meth:`start_weights`: the client-side weights the round starts from.
-        :meth:`server_iteration`: activations of the cohort -> gradients
-            (None: the client gets no gradient and takes no step).
-        :meth:`collect_client_models`: what to do with the uploaded models
-            (default: :meth:`~strategies.core.aggregation.ModelAggregation.aggregate_models`
-            of them; override that hook alone to change only how they are combined).
-        :meth:`end_round`: after the client-side models are collected.
+    Hooks, beside :class:`SplitMixin`'s and :class:`~strategies.core.loops.SyncStrategy`'s
+    (:class:`PerClientModels` is the same round with a client-side model per client):
+
+    - ``server_iteration(batches)`` (required): ``pid -> (x, y)`` to ``pid -> gradient`` (or
+      :class:`ZOFeedback`; None: the client gets no gradient and takes no step); the shared steps are in
+      :mod:`strategies.core.server_step`.
+    - ``batch_size_for(pid, cohort)``: each client's batch size (default B).
+    - ``begin_round(cohort)``: before the first forward (e.g. copy server models).
+    - ``timed_cut(pid)``: the cut a client's work is charged at (S²FL).
+    - ``start_weights()``: the client-side weights the round starts from.
+    - ``collect_client_models(uploads)``: what to do with the uploaded models (default:
+      ``aggregate_models`` of them; override that hook alone to change only how they are combined).
+    - ``end_round(cohort)``: after the client-side models are collected.
+    - ``next_request(pid, grad, nxt, batch)``: what a client gets after a server iteration.
+    - ``uploads_models`` (class attribute): whether the client-side models travel to the server at the
+      end of a round.
     """
 
     #: Whether the client-side models travel to the server at the end of a
