@@ -86,20 +86,10 @@ def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, 
 
 
 class SplitMixin(LabelPrivateSplit):
-    """The global model split at the cut layer (or two: :mod:`strategies.core.ushaped`), and the requests.
+    """The global model split at the cut layer (or two: :mod:`strategies.core.ushaped`), and the requests. Hooks:
 
-    Hooks, beside :class:`~strategies.core.base.SFLStrategy`'s:
-
-    - ``server_side_lr``, ``client_side_lr`` (properties): the two sides' learning rates.
-    - ``client_zo``, ``server_zo`` (properties): whether each side trains zeroth-order (MU-SplitFed forces
-      ``client_zo`` on).
-    - ``client_losses(outputs, labels)``: each client's loss from the server-side outputs (the
-      cross-entropy in a prefix split, the clients' tails in a U-shaped one).
-
-    A strategy declares a label-private (U-shaped) form with the class attribute ``ushaped_refusal``:
-    ``""`` when it has one (a subclass inherits its base's), else the one-line reason it has none
-    (:mod:`strategies.core.ushaped`).
-    """
+    - ``server_side_lr``, ``client_side_lr``, ``client_zo``, ``server_zo`` (properties): each side's rate; ZO or not.
+    - ``client_losses(outputs, labels)``: each client's loss (U-shaped: ``ushaped_refusal``, the clients' tails)."""
 
     model: BlockModel
     client_model: BlockModel
@@ -195,14 +185,11 @@ class SplitMixin(LabelPrivateSplit):
         """``train.backward`` of the activation gradient ``grad`` through the slot's blocks ``[start, end)``.
 
         Args:
-            nxt: what the reply carries besides: the next forward
-                (``NEXT_FORWARD``, of ``next_batch``), the slot's weights
-                (``NEXT_WEIGHTS``) or nothing more.
-            upload: with ``NEXT_WEIGHTS``, whether the algorithm really
-                uploads the model (timed and metered); False for a copy the
-                server only needs for evaluation (PSL).
-            timed_end: charge the compute and the next activations as if the
-                range ended there (see :meth:`forward_request`).
+            nxt: what the reply carries besides: the next forward (``NEXT_FORWARD``, of ``next_batch``),
+                the slot's weights (``NEXT_WEIGHTS``) or nothing more.
+            upload: with ``NEXT_WEIGHTS``, whether the algorithm really uploads the model (timed and
+                metered); False for a copy the server only needs for evaluation (PSL).
+            timed_end: charge the compute and the next activations as if the range ended there.
 
         A :class:`ZOFeedback` instead of a gradient makes it a ``train.zo_update``
         (``32·P`` bits down, no backward pass).
@@ -218,11 +205,8 @@ class SplitMixin(LabelPrivateSplit):
                                       timed_end=timed_end)
 
     def weights_request(self, *, slot: str = P.OWN_SLOT, upload: bool = True, tag: object = None) -> Request:
-        """``train.step`` with nothing accumulated: no step, the reply holds the slot's weights.
-
-        Timed and metered as the client-side model's upload, or neither with
-        ``upload=False`` (a copy the server only needs for evaluation).
-        """
+        """``train.step`` with nothing accumulated: no step, the reply holds the slot's weights; timed and metered
+        as the client-side model's upload, or neither with ``upload=False`` (a copy only evaluation needs)."""
         config = P.StepConfig(slot=slot, return_weights=True, **self.optimizer_config())
         return self.requests.step(config, upload=upload, tag=tag)
 
