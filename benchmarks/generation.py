@@ -24,11 +24,11 @@ statistics. The machine may be shared: the load average is printed, and
 ``--threads 1`` avoids the stalls that two OpenMP threads suffer when another
 process holds a core.
 
-Memory (``run_memory``, ``--memory``): resident memory of the full-covariance
-statistics for 100 labels at D = 4096, this tree against another revision's
-``strategies/algorithms/gas/generation.py``, each in a fresh subprocess.
+Memory (``run_memory``, ``--memory``): resident memory of the full-covariance statistics for 100 labels
+at D = 4096, this tree against another revision's ``strategies/algorithms/gas/generation.py``, each in a
+fresh subprocess.
 
-Run: ``python -m benchmarks.generation`` (or ``python benchmarks/generation.py``).
+Run: ``python -m benchmarks.generation`` from the repository's root.
 """
 
 from __future__ import annotations
@@ -40,11 +40,8 @@ import time
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.common import REPO_ROOT  # noqa: E402
-from strategies.algorithms.gas.generation import LabelGaussians, log_progress_weight  # noqa: E402
+from benchmarks.common import REPO_ROOT
+from strategies.algorithms.gas.generation import LabelGaussians, log_progress_weight
 
 
 # --------------------------------------------------------------------- data
@@ -53,8 +50,7 @@ class _Stream:
 
     def __init__(self, dim, num_classes, buffer, labels_per_buffer, seed):
         self.dim, self.num_classes, self.buffer = dim, num_classes, buffer
-        self.labels_per_buffer = labels_per_buffer
-        self.seed = seed
+        self.labels_per_buffer, self.seed = labels_per_buffer, seed
         g = torch.Generator().manual_seed(seed)
         # Label prototypes with some shared low-rank structure, like conv features.
         self.protos = torch.randn(num_classes, dim, generator=g) * 0.5

@@ -261,7 +261,7 @@ def same_weights(strategy: Any, blended: Sequence[dict[str, torch.Tensor]], aver
 
 
 #: Child-script code timing one ring round (:func:`time_engine`) in the tree it runs in (``benchmarks/ring.py``;
-#: ``simulation/bench/ring.py`` or ``bench_ring.py`` in older revisions); the configuration is argv[1] as JSON.
+#: in older revisions the bench package under ``simulation`` or ``bench_ring.py``); the configuration is argv[1] as JSON.
 _RING_CHILD = r"""
 import json, pathlib, sys, simulation
 if (pathlib.Path(simulation.__file__).parent.parent / "benchmarks" / "ring.py").exists():

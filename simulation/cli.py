@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import subprocess
 import sys
 from pathlib import Path
 from collections.abc import Sequence
@@ -39,7 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     ``resume=RUN_DIR`` continues a killed run from ``RUN_DIR/checkpoint.sfl``
     (written with ``checkpoint-every=N``) with the checkpoint's configuration;
     keys given beside it must equal the checkpoint's, except
-    ``checkpoint-every``. Checkpoints and resume need the in-process engine.
+    ``checkpoint-every``. Checkpoints and resume work on every engine.
     Unless ``--quiet``, a first line on stdout comes at once, then the
     seconds elapsed (:func:`~strategies.core.progress.start_waiting`: the
     imports and the planning take seconds), a line with the run and its
@@ -180,7 +182,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     ``sflower deploy bench [options]`` measures the split exchange against an
     echo ClientApp instead. See :mod:`simulation.deploy` and
-    :mod:`benchmarks.deploy`.
+    :mod:`benchmarks.deploy` (run as a child program, :func:`_run_benchmarks`).
     """
     from simulation.deploy.options import parse_deploy_args
     from simulation.deploy.processes import DeployError, flower_binaries_missing
@@ -191,15 +193,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         raise ConfigError(f"deploy needs Flower's {', '.join(missing)} (pip install 'flwr[simulation]>=1.41.0,<1.42')")
     words = list(args.pairs)
     if words[:1] == ["bench"]:
-        _benchmarks_on_path()
-        from benchmarks.deploy import run_bench
-
-        try:
-            run_bench(parse_key_values(words[1:]))
-        except DeployError as err:
-            print(f"sflower: deploy bench failed: {err}", file=sys.stderr)
-            return EXIT_FAILED
-        return 0
+        return _run_benchmarks(["deploy", *words[1:]])
     options = parse_deploy_args(parse_key_values(words))
     try:
         summary = deploy(options, quiet=args.quiet)
@@ -295,37 +289,29 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _benchmarks_on_path() -> None:
-    """Make the checkout's ``benchmarks/`` importable: it is not part of the installed package.
+def _run_benchmarks(argv: list[str]) -> int:
+    """Run ``python -m benchmarks ARGV`` (:mod:`benchmarks.__main__`) with the checkout on its path; its exit status.
+
+    The benchmarks are the floor above ``simulation`` and not part of the installed package, so
+    ``sflower`` starts them as a child program instead of importing them (its output goes straight
+    to the terminal; its errors are its own one-line messages).
 
     Raises:
         ConfigError: sflower was installed without its repository (no ``benchmarks/`` beside ``simulation/``).
     """
     root = Path(__file__).resolve().parents[1]
-    if not (root / "benchmarks" / "runner.py").is_file():
+    if not (root / "benchmarks" / "__main__.py").is_file():
         raise ConfigError("the benchmarks live in the repository's benchmarks/ folder: run sflower bench from a "
                           "checkout (pip install -e .)")
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-m", "benchmarks", *argv], env=env, check=False).returncode
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """``sflower bench``: the benchmarks (or those named), figures and ratios."""
-    _benchmarks_on_path()
-    from benchmarks.runner import BENCHMARKS, DEFAULT_BENCHMARKS, run_benchmarks
-
-    names = args.only or list(DEFAULT_BENCHMARKS)
-    unknown = [n for n in names if n not in BENCHMARKS]
-    if unknown:
-        raise ConfigError(f"unknown benchmark {unknown[0]!r}; choose from {', '.join(BENCHMARKS)}")
-    if "summary" in names and args.against is None:
-        raise ConfigError("bench summary needs --against REV (the revision to compare with)")
-    try:
-        run_benchmarks(names, quick=args.quick, data_dir=args.data_dir, against=args.against)
-    except RuntimeError as err:  # a benchmark's run failed (its child's last error line)
-        print(f"sflower: bench failed: {err}", file=sys.stderr)
-        return 1
-    return 0
+    """``sflower bench``: the benchmarks (or those named), figures and ratios (:mod:`benchmarks.runner`)."""
+    argv = [*args.only, *(["--quick"] if args.quick else [])]
+    argv += [*(["--data-dir", args.data_dir] if args.data_dir else []), *(["--against", args.against] if args.against else [])]
+    return _run_benchmarks(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:

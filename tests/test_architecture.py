@@ -1,9 +1,12 @@
 """The house rules, read from the source with ``ast`` (nothing here imports the code it checks).
 
 * **Floors**: ``fl_app`` (bottom) < ``strategies`` (middle) < ``simulation``
-  (top). A module imports only from its own floor or below; the ServerApp's
-  wiring (:mod:`simulation.server_app`) is on the top floor.
-* **No import cycle** between modules.
+  < ``benchmarks`` (top). A module imports only from its own floor or below; the ServerApp's
+  wiring (:mod:`simulation.server_app`) is on ``simulation``'s floor, and ``sflower bench`` starts
+  the benchmarks as a child program (``python -m benchmarks``) instead of importing them.
+* **No import cycle** between modules, nor between a sub-package taken whole (``simulation/outputs/``)
+  and the modules beside it (``simulation/sweep.py``): a cycle that function-level imports hide
+  still ties the two together.
 * **Sizes**: every strategy class (a class in ``strategies/`` that subclasses
   :data:`STRATEGY_BASES`, directly or through another) spans at most
   :data:`MAX_STRATEGY_LINES` lines from its ``class`` line to its last line,
@@ -28,7 +31,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The floors, bottom first: a module may import from its own floor and those below it.
-FLOORS = ("fl_app", "strategies", "simulation")
+FLOORS = ("fl_app", "strategies", "simulation", "benchmarks")
 #: The classes whose subclasses are strategies (``strategies/``).
 STRATEGY_BASES = frozenset({"SFLStrategy", "SyncStrategy", "AsyncStrategy"})
 MAX_STRATEGY_LINES = 150
@@ -37,7 +40,7 @@ MAX_MODULE_LINES = 500
 
 @cache
 def modules() -> dict[str, Path]:
-    """``dotted name -> file`` of every module of the three floors."""
+    """``dotted name -> file`` of every module of the floors."""
     out = {}
     for floor in FLOORS:
         for path in sorted((ROOT / floor).rglob("*.py")):
@@ -164,6 +167,65 @@ def test_no_import_cycle(name):
     assert cycle is None, f"import cycle: {' -> '.join([*cycle, name])}"
 
 
+def _unit(name: str) -> str:
+    """The unit of the sub-package cycle check: a module in a sub-package (``simulation.outputs.report``) is its
+    sub-package (``simulation.outputs``); a module directly on a floor (``simulation.sweep``) is itself."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 or (len(parts) == 2 and _is_package(name)) else name
+
+
+def _unit_cycle_through(unit: str) -> list[str] | None:
+    """The shortest runtime import cycle through ``unit`` among the units of :func:`_unit`, or None."""
+    edges: dict[str, set[str]] = {}
+    for name in modules():
+        for target, _ in imports(name, runtime_only=True):
+            if _unit(target) != _unit(name):
+                edges.setdefault(_unit(name), set()).add(_unit(target))
+    parent: dict[str, str] = {}
+    queue = deque([unit])
+    while queue:
+        current = queue.popleft()
+        for target in sorted(edges.get(current, ())):
+            if target == unit:
+                path = [current]
+                while path[-1] != unit:
+                    path.append(parent[path[-1]])
+                return [unit, *reversed(path[:-1])]
+            if target not in parent:
+                parent[target] = current
+                queue.append(target)
+    return None
+
+
+#: A cycle known to the owners of these modules, fixed where they are edited: ``simulation.privacy.attack``
+#: imports ``simulation.label_leakage``, which imports ``simulation.privacy.record``.
+KNOWN_PRIVACY_CYCLE = frozenset({"simulation.privacy", "simulation.label_leakage"})
+
+
+@pytest.mark.parametrize("unit", sorted({_unit(n) for n in modules()}))
+def test_no_import_cycle_between_subpackages_and_modules(unit):
+    """No cycle through a sub-package taken whole (as ``simulation.outputs.report`` -> ``simulation.sweep`` ->
+    ``simulation.outputs.trackers`` once was), function-level imports included."""
+    cycle = _unit_cycle_through(unit)
+    if cycle is not None and KNOWN_PRIVACY_CYCLE <= set(cycle):
+        pytest.xfail(f"known cycle, fixed with the privacy modules: {' -> '.join([*cycle, unit])}")
+    assert cycle is None, f"import cycle between sub-packages and modules: {' -> '.join([*cycle, unit])}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in modules() if _is_package(n) and not n.startswith("benchmarks")))
+def test_every_package_says_what_it_holds_and_what_it_may_import(name):
+    """Each package's ``__init__.py`` has a docstring: what the package holds, then a paragraph ``Imports: ...``
+    whose first clause names exactly the floors it may import (its own and those below), so the tree says what
+    each floor is."""
+    if name == "simulation.privacy":
+        pytest.xfail("simulation/privacy/ is being edited by the privacy work; its docstring gets the line there")
+    doc = ast.get_docstring(ast.parse(modules()[name].read_text())) or ""
+    assert "Imports:" in doc, f"{_rel(modules()[name])}: no 'Imports:' paragraph in its docstring"
+    clause = doc.split("Imports:", 1)[1].split(";")[0].split(".")[0]
+    named = {floor for floor in FLOORS if f"``{floor}``" in clause}
+    assert named == set(FLOORS[: _floor(name) + 1]), (name, clause)
+
+
 @pytest.mark.parametrize("path,cls,lines", [pytest.param(f, c, n, id=f"{f}::{c}") for f, c, n in _strategy_classes()])
 def test_strategy_class_size(path, cls, lines):
     assert lines <= MAX_STRATEGY_LINES, f"{path}: strategy class {cls} spans {lines} lines (> {MAX_STRATEGY_LINES})"
@@ -180,3 +242,5 @@ def test_checks_see_the_code():
     found = {cls for _, cls, _ in _strategy_classes()}
     assert {"GAS", "RingSFL"} <= found, found
     assert "strategies.core.registry" in {t for t, _ in imports("simulation.server_app")}
+    assert "simulation.deploy.cluster" in {t for t, _ in imports("benchmarks.deploy")}  # the top floor is read
+    assert _unit("simulation.outputs.report") == "simulation.outputs" and _unit("simulation.sweep") == "simulation.sweep"

@@ -5,4 +5,6 @@
 * :mod:`~fl_app.client.node` -- the node (:class:`~fl_app.client.node.Node`): identity, task, data; the handshake.
 * :mod:`~fl_app.client.split_handlers`, :mod:`~fl_app.client.zo_handlers`,
   :mod:`~fl_app.client.fl_handlers` -- the message handlers.
+
+Imports: ``fl_app`` only (the bottom floor); nothing from ``strategies``, ``simulation`` or ``benchmarks``.
 """

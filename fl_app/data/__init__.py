@@ -37,6 +37,8 @@ Modules:
 
 This package re-exports only the public names; private helpers (for tests that
 monkeypatch them) live in, and must be patched on, their own module.
+
+Imports: ``fl_app`` only (the bottom floor); nothing from ``strategies``, ``simulation`` or ``benchmarks``.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ dropout masks from the global torch RNG. The split runtime recomputes a
 client's forward pass (``train.backward``); it must see the same masks as the
 first pass (the ClientApp, :mod:`fl_app.client.slots`, seeds the RNG around
 both with :func:`fixed_rng`).
+
+Imports: ``fl_app`` only (the bottom floor); nothing from ``strategies``, ``simulation`` or ``benchmarks``.
 """
 
 from __future__ import annotations

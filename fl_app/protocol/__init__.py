@@ -11,6 +11,8 @@ docs/explanation/design.md §4. One home per message action:
 * :mod:`.replies`: readers of every reply, and what a reply must hold.
 
 Everything public is re-exported here: ``from fl_app import protocol as P``.
+
+Imports: ``fl_app`` only (the bottom floor); nothing from ``strategies``, ``simulation`` or ``benchmarks``.
 """
 
 from fl_app.protocol.codec import DeferredArray, canonical, record_view, tensor_array, value_token

@@ -7,4 +7,6 @@
 
 The server side (the endpoint and the grid that routes requests through it)
 is :mod:`simulation.session`.
+
+Imports: ``fl_app`` only (the bottom floor); nothing from ``strategies``, ``simulation`` or ``benchmarks``.
 """

@@ -51,4 +51,6 @@ The package, one concern a module:
   (:func:`~simulation.deploy.run.deploy`);
 * :mod:`simulation.deploy.supernode`: the ``fast=true`` SuperNode launcher
   (``python -m simulation.deploy supernode``).
+
+Imports: ``fl_app``, ``strategies`` and ``simulation``; nothing from ``benchmarks``.
 """

@@ -1,7 +1,7 @@
 """The privacy columns and plots of ``sflower report``, for sweeps whose runs were attacked.
 
 A sweep with ``[meta] attack = "..."`` runs ``sflower attack`` on each run
-(:func:`simulation.sweep.attack_runs`); :func:`simulation.sweep.collect` then
+(:func:`simulation.sweep.attack_run`); :func:`simulation.outputs.results.collect` then
 puts ``inversion_mse``, ``inversion_psnr`` and ``inversion_ssim`` in
 ``results.csv``. From them the report adds:
 

@@ -38,7 +38,7 @@ from fl_app.untrusted import read_json_table
 from simulation.outputs.privacy_report import (attacked, plot_cut_layer, plot_label_leakage, plot_privacy,
                                                privacy_columns)
 from simulation.stats import Paired, mean_ci, paired
-from simulation.sweep import collect, expand, run_name
+from simulation.outputs.results import collect, expand, run_name
 
 
 def _sweep_meta(out: Path) -> tuple[list[str], dict[str, Any], list[str]]:

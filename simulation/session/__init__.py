@@ -10,6 +10,8 @@ gRPC stream instead, served by one long-running ``query.session`` message:
 
 This module decides which transport a run uses (:func:`choose_transport`)
 and builds the session grid (:func:`open_session_grid`).
+
+Imports: ``fl_app``, ``strategies`` and ``simulation``; nothing from ``benchmarks``.
 """
 
 from __future__ import annotations

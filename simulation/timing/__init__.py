@@ -17,4 +17,6 @@ on the strategies' floor; their implementations live here, one concern a module:
   loss and Shannon rate).
 
 :func:`simulation.server_app.run_server` picks a clock and a timing for a run.
+
+Imports: ``fl_app``, ``strategies`` and ``simulation``; nothing from ``benchmarks``.
 """

@@ -1,6 +1,6 @@
 """The strategy core: the lifecycle, the stop rules, the loop shapes and the hooks of every sflower strategy.
 
-docs/design.md §5. :class:`SFLStrategy` runs a strategy from the handshake
+docs/explanation/design.md §5. :class:`SFLStrategy` runs a strategy from the handshake
 to the summary; each concern beside the lifecycle is a collaborator that
 receives data and callbacks, not the strategy:
 
@@ -13,41 +13,11 @@ receives data and callbacks, not the strategy:
   (:class:`~strategies.core.metrics.MetricLog`); checkpointing (:class:`~strategies.core.checkpoint.Checkpointer`);
   requests (:class:`~strategies.core.requests.RequestBuilder`); the progress bar (:mod:`strategies.core.progress`).
 
-The base class delegates to them with thin methods (``connect``, ``select``,
-``send``, ``gather``, ``local_steps``, ...) that subclasses call.
-
-The loop shapes (:class:`~strategies.core.loops.SyncStrategy`,
-:class:`~strategies.core.loops.AsyncStrategy`) are in :mod:`strategies.core.loops`.
-
-Hooks a strategy overrides (the full list; each with its contract):
-
-==========================  =====================================================================
-hook                        contract
-==========================  =====================================================================
-``name``, ``options``,      registry name; its run-config :class:`~fl_app.config.Option` s;
-``run_with``                the settings its authors ran (class attributes)
-``check_config`` (cls)      raise ``ConfigError`` (one line) for a configuration it cannot run
-``summary``                 log its settings once, before the handshake
-``initialize``              build server state (models, optimizers, buffers); no client needed
-``global_model``            the full model evaluated and returned (required)
-``evaluation_models``       ``{key: full model}`` to evaluate instead (per-client models), or None
-``run_round`` (Sync)        one global iteration with ``cohort``; time passes in ``gather``
-``next_cohort`` (Sync)      the clients of the next round (default: ``concurrency`` drawn, seeded)
-``launch``, ``on_reply``    (Async) start a client's local work; handle one successful reply
-``on_failure``              a client was excluded (error, timeout, malformed reply): drop its work
-``validate_reply``          why a reply is unusable, or None (extend with ``super()``)
-``aggregate_models``        combine K models into one; every model average goes through it (default:
-                            the weighted mean; :class:`~strategies.core.aggregation.ModelAggregation`)
-``extra_metrics``           extra columns of the current metric row
-``summary_dict``            ``summary.json`` (extend with ``super()``)
-``checkpoint_state``,       the server state a checkpoint saves and restores (default: every
-``load_checkpoint_state``   attribute but :attr:`SFLStrategy.NOT_CHECKPOINTED`)
-``run``                     the loop itself: provided by :mod:`strategies.core.loops`, not overridden
-==========================  =====================================================================
-
-Split strategies add theirs (:class:`strategies.core.split.SyncSplitStrategy`:
-``batch_size_for``, ``begin_round``, ``timed_cut``, ``start_weights``,
-``server_iteration``, ``collect_client_models``, ``end_round``).
+The base class delegates to them with thin methods (``connect``, ``select``, ``send``, ``gather``,
+``local_steps``, ...) that subclasses call. The hooks a strategy overrides are listed, each with its
+contract, in one place: the docstrings of :class:`SFLStrategy` and of the loop shapes of
+:mod:`strategies.core.loops` and the split strategies of :mod:`strategies.core.split` (rendered together
+on the docs' reference page "Strategy hooks").
 
 Flower's per-round ``configure_*``/``aggregate_*`` methods are stubbed in
 :class:`strategies.core.flower_api.EventLoopStrategy` (which says why sflower
@@ -101,7 +71,37 @@ log = logging.getLogger("sflower")
 
 
 class SFLStrategy(ModelAggregation, EventLoopStrategy):
-    """Base class of all strategies; subclasses supply hooks (listed in the module docstring), not loops.
+    """Base class of all strategies; subclasses supply hooks, not loops.
+
+    The hooks of every strategy (the loop shape adds its own: :class:`~strategies.core.loops.SyncStrategy`,
+    :class:`~strategies.core.loops.AsyncStrategy`). Override only these; the other methods are the
+    machinery that subclasses call (``send``, ``gather``, ``select``, ...):
+
+    - ``name``, ``options``, ``run_with`` (class attributes): the registry name; the run-config keys the
+      class adds, a tuple of :class:`~fl_app.options.Option`; the settings its authors ran it with.
+    - ``d2d_bps`` (attribute): the rate (bits/s) of device-to-device hops (RingSFL sets it in ``__init__``).
+    - ``check_config(cfg, task)`` (classmethod): raise ``ConfigError`` (one line) for a configuration it
+      cannot run; called by ``plan_run`` before anything runs.
+    - ``weights_only_links(cfg)`` (classmethod): the links on which it sends model weights only (a codec
+      that leaves weights float32 is refused there).
+    - ``summary()``: log its settings once, before the handshake.
+    - ``initialize()``: server-side state (models, optimizers, buffers); runs during the handshake, so it
+      must not read ``self.clients``.
+    - ``global_model()`` (required): the full model evaluated on the test set and returned.
+    - ``evaluation_models()``: ``{key: full model}`` to evaluate instead (per-client models), or None.
+    - ``extra_metrics()``: extra columns of the current metric row.
+    - ``aggregate_models(models, weights)``: combine K state dicts into one; every model average of a
+      strategy goes through it (default: the weighted mean,
+      :class:`~strategies.core.aggregation.ModelAggregation`).
+    - ``on_failure(partition_id, action, reason)``: a client was excluded (error, timeout, malformed
+      reply): drop its work.
+    - ``validate_reply(pid, request, content)``: why a reply is unusable, or None (extend with ``super()``).
+    - ``between_rounds()``: what a round-based loop does before each round (default: checkpoint, re-admit).
+    - ``summary_dict()``: ``summary.json`` (extend with ``super()``).
+    - ``checkpoint_state()`` / ``load_checkpoint_state(state)``: the server state a checkpoint saves and
+      restores (default: every attribute but :attr:`NOT_CHECKPOINTED`); override only for state the
+      checkpoint codec cannot write.
+    - ``run()``: the loop itself, provided by the loop shapes, not overridden.
 
     Args:
         cfg: the run configuration.

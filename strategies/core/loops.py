@@ -21,7 +21,15 @@ __all__ = ["AsyncStrategy", "SyncStrategy"]
 
 
 class SyncStrategy(SFLStrategy):
-    """Synchronous strategies: select a cohort, run a round, repeat."""
+    """Synchronous strategies: select a cohort, run a round, repeat.
+
+    Hooks, beside :class:`~strategies.core.base.SFLStrategy`'s:
+
+    - ``run_round(cohort)`` (required): one global iteration with ``cohort`` (partition ids); virtual
+      time passes in ``gather``, so a round's time is its slowest member's.
+    - ``next_cohort()``: the clients of the next round (default: ``concurrency`` live clients drawn,
+      seeded; RingSFL: every live client).
+    """
 
     def run(self) -> None:
         """Rounds until a stop condition holds."""
@@ -43,7 +51,14 @@ class SyncStrategy(SFLStrategy):
 
 
 class AsyncStrategy(SFLStrategy):
-    """Asynchronous strategies: handle replies one by one in clock order (the module docstring's loop shapes)."""
+    """Asynchronous strategies: handle replies one by one in clock order (the module docstring's loop shapes).
+
+    Hooks, beside :class:`~strategies.core.base.SFLStrategy`'s:
+
+    - ``launch(pid)`` (required): start a client's local work (send its first requests).
+    - ``on_reply(reply)`` (required): handle one successful reply, in virtual completion-time order; call
+      ``end_global_iteration()`` when a global iteration completes.
+    """
 
     def run(self) -> None:
         """Keep ``concurrency`` clients busy; dispatch replies until a stop condition."""

@@ -1,9 +1,10 @@
 """The strategy registry of this floor: :mod:`fl_app.plugins`' catalogue, typed for strategies.
 
-A new algorithm is one class with a ``name``: decorate it with
-:func:`register`, and make it findable by an entry point of the group
+A new algorithm is one class with a ``name``, findable by an entry point of the group
 ``sflower.strategies`` (how sflower's own strategies are found) or by
-``strategy=package.module:Class``. See :mod:`fl_app.plugins`.
+``strategy=package.module:Class``. :func:`register` is needed only where an entry point names a
+module (each class it registers) or for a class imported before the run without one. See
+:mod:`fl_app.plugins`.
 """
 
 from __future__ import annotations

@@ -86,7 +86,10 @@ def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, 
 
 
 class SplitMixin(LabelPrivateSplit):
-    """The global model split at the cut layer (or two: :mod:`strategies.core.ushaped`), and the requests."""
+    """The global model split at the cut layer (or two: :mod:`strategies.core.ushaped`), and the requests. Hooks:
+
+    - ``server_side_lr``, ``client_side_lr``, ``client_zo``, ``server_zo`` (properties): each side's rate; ZO or not.
+    - ``client_losses(outputs, labels)``: each client's loss (U-shaped: ``ushaped_refusal``, the clients' tails)."""
 
     model: BlockModel
     client_model: BlockModel
@@ -182,14 +185,11 @@ class SplitMixin(LabelPrivateSplit):
         """``train.backward`` of the activation gradient ``grad`` through the slot's blocks ``[start, end)``.
 
         Args:
-            nxt: what the reply carries besides: the next forward
-                (``NEXT_FORWARD``, of ``next_batch``), the slot's weights
-                (``NEXT_WEIGHTS``) or nothing more.
-            upload: with ``NEXT_WEIGHTS``, whether the algorithm really
-                uploads the model (timed and metered); False for a copy the
-                server only needs for evaluation (PSL).
-            timed_end: charge the compute and the next activations as if the
-                range ended there (see :meth:`forward_request`).
+            nxt: what the reply carries besides: the next forward (``NEXT_FORWARD``, of ``next_batch``),
+                the slot's weights (``NEXT_WEIGHTS``) or nothing more.
+            upload: with ``NEXT_WEIGHTS``, whether the algorithm really uploads the model (timed and
+                metered); False for a copy the server only needs for evaluation (PSL).
+            timed_end: charge the compute and the next activations as if the range ended there.
 
         A :class:`ZOFeedback` instead of a gradient makes it a ``train.zo_update``
         (``32·P`` bits down, no backward pass).
@@ -205,11 +205,8 @@ class SplitMixin(LabelPrivateSplit):
                                       timed_end=timed_end)
 
     def weights_request(self, *, slot: str = P.OWN_SLOT, upload: bool = True, tag: object = None) -> Request:
-        """``train.step`` with nothing accumulated: no step, the reply holds the slot's weights.
-
-        Timed and metered as the client-side model's upload, or neither with
-        ``upload=False`` (a copy the server only needs for evaluation).
-        """
+        """``train.step`` with nothing accumulated: no step, the reply holds the slot's weights; timed and metered
+        as the client-side model's upload, or neither with ``upload=False`` (a copy only evaluation needs)."""
         config = P.StepConfig(slot=slot, return_weights=True, **self.optimizer_config())
         return self.requests.step(config, upload=upload, tag=tag)
 
@@ -240,17 +237,22 @@ class SplitMixin(LabelPrivateSplit):
 class SyncSplitStrategy(SplitMixin, SyncStrategy):
     """A synchronous SFL round; subclasses define the server side.
 
-    Hooks:
-        :meth:`batch_size_for`: each client's batch size (default B).
-        :meth:`begin_round`: before the first forward (e.g. copy server models).
-        :meth:`timed_cut`: the cut a client's work is charged at (S²FL).
-        :meth:`start_weights`: the client-side weights the round starts from.
-        :meth:`server_iteration`: activations of the cohort -> gradients
-            (None: the client gets no gradient and takes no step).
-        :meth:`collect_client_models`: what to do with the uploaded models
-            (default: :meth:`~strategies.core.aggregation.ModelAggregation.aggregate_models`
-            of them; override that hook alone to change only how they are combined).
-        :meth:`end_round`: after the client-side models are collected.
+    Hooks, beside :class:`SplitMixin`'s and :class:`~strategies.core.loops.SyncStrategy`'s
+    (:class:`PerClientModels` is the same round with a client-side model per client):
+
+    - ``server_iteration(batches)`` (required): ``pid -> (x, y)`` to ``pid -> gradient`` (or
+      :class:`ZOFeedback`; None: the client gets no gradient and takes no step); the shared steps are in
+      :mod:`strategies.core.server_step`.
+    - ``batch_size_for(pid, cohort)``: each client's batch size (default B).
+    - ``begin_round(cohort)``: before the first forward (e.g. copy server models).
+    - ``timed_cut(pid)``: the cut a client's work is charged at (S²FL).
+    - ``start_weights()``: the client-side weights the round starts from.
+    - ``collect_client_models(uploads)``: what to do with the uploaded models (default:
+      ``aggregate_models`` of them; override that hook alone to change only how they are combined).
+    - ``end_round(cohort)``: after the client-side models are collected.
+    - ``next_request(pid, grad, nxt, batch)``: what a client gets after a server iteration.
+    - ``uploads_models`` (class attribute): whether the client-side models travel to the server at the
+      end of a round.
     """
 
     #: Whether the client-side models travel to the server at the end of a
