@@ -31,6 +31,7 @@ class SplitFedV1(SyncSplitStrategy):
 
     name = "splitfed-v1"
     ushaped_refusal = ""
+    hides_client_models = True  # strategies.core.hidden
     options = (AGGREGATION_OPTION, CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, *ZO_OPTIONS)
 
     def begin_round(self, cohort: list[int]) -> None:

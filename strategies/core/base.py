@@ -283,7 +283,8 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         self.initialize()
         if initial_arrays is not None:
             self.global_model().load_state_dict(P.record_state(initial_arrays))
-        if type(self).evaluation_models is SFLStrategy.evaluation_models:  # per-client models need the clients
+        if type(self).evaluation_models is SFLStrategy.evaluation_models and not self.cfg.get("hide-client-models"):
+            # per-client models, and hidden client-side ones (federated evaluation), need the clients
             self.metric_log.early = self.metric_log.timed(lambda: self.evaluate_global(full=False))
 
     # ------------------------------------------------------------------ membership (delegated)

@@ -35,10 +35,13 @@ from fl_app.models import BlockModel
 from fl_app.task import Task
 from fl_app.training import make_sgd
 from strategies.core.loops import SyncStrategy
+from fl_app.hidden import SEALED
 from strategies.core.dispatcher import Request
+from strategies.core.hidden import SealedModels
 from strategies.core.requests import optimizer_settings
 from strategies.core.server_step import LossFn, zo_step
 from strategies.core.ushaped import LabelPrivateSplit
+from strategies.core.validation import ReplyProblem
 
 
 #: Options of every strategy whose clients can train with zeroth-order updates (MU-SplitFed, docs/explanation/design.md §7).
@@ -104,6 +107,8 @@ class SplitMixin(LabelPrivateSplit):
         if self.device.type != "cpu":
             self.model.to(self.device)
         self.client_model, self.server_model = self.split_parts(self.model)
+        #: ``hide-client-models``: the server's blind-relay side (:mod:`strategies.core.hidden`), else None
+        self.sealed = SealedModels(self) if self.cfg.get("hide-client-models") else None
         #: ZO clients: pid -> (h⁺, h⁻) of its latest forward, until :meth:`feedback` uses them
         self.zo_pairs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -233,8 +238,26 @@ class SplitMixin(LabelPrivateSplit):
 
     @staticmethod
     def weights_of(content: RecordDict) -> tuple[dict[str, torch.Tensor], int]:
-        """``(state_dict, num_examples)`` of a weights reply (:func:`fl_app.protocol.replies.weights`)."""
+        """``(state_dict, num_examples)`` of a weights reply (:func:`fl_app.protocol.replies.weights`); of a
+        sealed one (``hide-client-models``), ``({name: uint8 ciphertext}, num_examples)``."""
+        if SEALED in content:
+            return SealedModels.sealed_weights(content)
         return P.replies.weights(content)
+
+    def validate_reply(self, pid: int, request: Request, content: RecordDict) -> ReplyProblem | None:
+        """With ``hide-client-models``, no plaintext client-side weights and well-formed sealed ones
+        (:meth:`SealedModels.problem`) first."""
+        if self.sealed is not None and content is not None:
+            problem = self.sealed.problem(content)
+            if problem is not None or SEALED in content:
+                return problem
+        return super().validate_reply(pid, request, content)
+
+    def evaluate_global(self, full: bool = True) -> tuple[float, float, dict[str, float]]:
+        """With ``hide-client-models``, the clients' federated evaluation (:meth:`SealedModels.evaluate`)."""
+        if self.sealed is not None:
+            return self.sealed.evaluate(0 if full else self.cfg.eval_samples)
+        return super().evaluate_global(full)
 
 
 class SyncSplitStrategy(SplitMixin, SyncStrategy):
@@ -270,7 +293,10 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         return None
 
     def start_weights(self) -> ArrayRecord | None:
-        """Weights every cohort member loads first: the current client-side model (encoded once)."""
+        """Weights every cohort member loads first: the current client-side model (encoded once); with
+        ``hide-client-models``, the bundle of the last round's sealed uploads (:mod:`strategies.core.hidden`)."""
+        if self.sealed is not None:
+            return self.sealed.bundle()
         return P.state_record(self.client_model.state_dict())
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
@@ -284,8 +310,10 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
 
     def collect_client_models(self, uploads: Mapping[int, dict[str, torch.Tensor]]) -> None:
         """Aggregate the uploaded client-side models (:meth:`aggregate_models`, ascending pid; default the
-        eq. 10 weighted mean) into the current one."""
-        if uploads:
+        eq. 10 weighted mean) into the current one; sealed ones are kept for the clients to average."""
+        if self.sealed is not None:
+            self.sealed.collect(uploads)
+        elif uploads:
             self.client_model.load_state_dict(self.aggregate_uploads(uploads))
 
     def end_round(self, cohort: list[int]) -> None:
