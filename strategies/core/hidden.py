@@ -53,6 +53,7 @@ from fl_app import protocol as P
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
 from fl_app.hidden import BUNDLE, QUERY_HIDDEN, SEALED, bundle_record
+from strategies.core.base import SFLStrategy
 from strategies.core.dispatcher import Request
 from strategies.core.validation import ReplyProblem
 
@@ -204,3 +205,34 @@ class SealedModels:
         if count == 0:
             return math.nan, math.nan, {}
         return loss_sum / count, correct / count, {}
+
+
+class HiddenClientModels(SFLStrategy):
+    """The hooks of a split strategy (a base of :class:`~strategies.core.split.SplitMixin`) that read sealed
+    replies, refuse plaintext ones and evaluate on the clients when :attr:`sealed` is set."""
+
+    #: the mode's server side, or None (set by :meth:`strategies.core.split.SplitMixin.initialize`)
+    sealed: SealedModels | None = None
+
+    @staticmethod
+    def weights_of(content: RecordDict) -> tuple[dict[str, torch.Tensor], int]:
+        """``(state_dict, num_examples)`` of a weights reply (:func:`fl_app.protocol.replies.weights`); of a
+        sealed one (``hide-client-models``), ``({name: uint8 ciphertext}, num_examples)``."""
+        if SEALED in content:
+            return SealedModels.sealed_weights(content)
+        return P.replies.weights(content)
+
+    def validate_reply(self, pid: int, request: Request, content: RecordDict) -> ReplyProblem | None:
+        """With ``hide-client-models``, no plaintext client-side weights and well-formed sealed ones
+        (:meth:`SealedModels.problem`) first."""
+        if self.sealed is not None and content is not None:
+            problem = self.sealed.problem(content)
+            if problem is not None or SEALED in content:
+                return problem
+        return super().validate_reply(pid, request, content)
+
+    def evaluate_global(self, full: bool = True) -> tuple[float, float, dict[str, float]]:
+        """With ``hide-client-models``, the clients' federated evaluation (:meth:`SealedModels.evaluate`)."""
+        if self.sealed is not None:
+            return self.sealed.evaluate(0 if full else self.cfg.eval_samples)
+        return super().evaluate_global(full)

@@ -35,13 +35,11 @@ from fl_app.models import BlockModel
 from fl_app.task import Task
 from fl_app.training import make_sgd
 from strategies.core.loops import SyncStrategy
-from fl_app.hidden import SEALED
 from strategies.core.dispatcher import Request
-from strategies.core.hidden import SealedModels
+from strategies.core.hidden import HiddenClientModels, SealedModels
 from strategies.core.requests import optimizer_settings
 from strategies.core.server_step import LossFn, zo_step
 from strategies.core.ushaped import LabelPrivateSplit
-from strategies.core.validation import ReplyProblem
 
 
 #: Options of every strategy whose clients can train with zeroth-order updates (MU-SplitFed, docs/explanation/design.md §7).
@@ -88,7 +86,7 @@ def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, 
     return ZOFeedback(diffs)
 
 
-class SplitMixin(LabelPrivateSplit):
+class SplitMixin(HiddenClientModels, LabelPrivateSplit):
     """The global model split at the cut layer (or two: :mod:`strategies.core.ushaped`), and the requests."""
 
     model: BlockModel
@@ -235,30 +233,6 @@ class SplitMixin(LabelPrivateSplit):
             self.zo_pairs[pid] = tuple(self.on_device(t) for t in P.replies.perturbed(content))
         x, y = P.replies.activations(content)
         return self.on_device(x), (None if y is None else self.on_device(y))
-
-    @staticmethod
-    def weights_of(content: RecordDict) -> tuple[dict[str, torch.Tensor], int]:
-        """``(state_dict, num_examples)`` of a weights reply (:func:`fl_app.protocol.replies.weights`); of a
-        sealed one (``hide-client-models``), ``({name: uint8 ciphertext}, num_examples)``."""
-        if SEALED in content:
-            return SealedModels.sealed_weights(content)
-        return P.replies.weights(content)
-
-    def validate_reply(self, pid: int, request: Request, content: RecordDict) -> ReplyProblem | None:
-        """With ``hide-client-models``, no plaintext client-side weights and well-formed sealed ones
-        (:meth:`SealedModels.problem`) first."""
-        if self.sealed is not None and content is not None:
-            problem = self.sealed.problem(content)
-            if problem is not None or SEALED in content:
-                return problem
-        return super().validate_reply(pid, request, content)
-
-    def evaluate_global(self, full: bool = True) -> tuple[float, float, dict[str, float]]:
-        """With ``hide-client-models``, the clients' federated evaluation (:meth:`SealedModels.evaluate`)."""
-        if self.sealed is not None:
-            return self.sealed.evaluate(0 if full else self.cfg.eval_samples)
-        return super().evaluate_global(full)
-
 
 class SyncSplitStrategy(SplitMixin, SyncStrategy):
     """A synchronous SFL round; subclasses define the server side.
