@@ -10,6 +10,10 @@ the hidden runs, the wall seconds all clients spent sealing and opening
 client-side states (AES-GCM and the averaging of the bundles)::
 
     python -m benchmarks.hidden_models docs/results/hidden-models/results.json 0 1 2
+    python -m benchmarks.hidden_models docs/results/hidden-models/downlink.json 0 downlink=true
+
+(``KEY=VALUE`` arguments add run-config keys: ``downlink=true`` times the
+downloads, where the bundles' extra bytes cost virtual time.)
 
 Results for this repository: ``docs/results/hidden-models/``.
 """
@@ -31,7 +35,7 @@ SETUP = {"dataset": "mnist-5k", "model": "lenet5", "strategy": "splitfed-v1", "c
          "batch-size": 16, "lr": 0.05}
 
 
-def measure(seed: int, hide: bool, out_dir: Path) -> dict:
+def measure(seed: int, hide: bool, out_dir: Path, extra: dict | None = None) -> dict:
     """One run of :data:`SETUP` at ``seed``; its rows, wall seconds per iteration and crypto seconds."""
     from fl_app.client import hidden as client_hidden
     from fl_app.config import RunConfig
@@ -53,7 +57,7 @@ def measure(seed: int, hide: bool, out_dir: Path) -> dict:
     for name, fn in originals.items():
         setattr(client_hidden, name, timed(fn))
     try:
-        cfg = RunConfig.from_mapping({**SETUP, "seed": seed, "hide-client-models": hide, "output-dir": str(out_dir)})
+        cfg = RunConfig.from_mapping({**SETUP, **(extra or {}), "seed": seed, "hide-client-models": hide, "output-dir": str(out_dir)})
         run_inprocess(plan_run(cfg), progress=False)
     finally:
         for name, fn in originals.items():
@@ -67,18 +71,20 @@ def measure(seed: int, hide: bool, out_dir: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """``OUT.json SEED...``: run both modes for each seed, write the results."""
-    out, seeds = Path(argv[0]), [int(s) for s in argv[1:]] or [0]
+    """``OUT.json SEED... [KEY=VALUE...]``: run both modes for each seed, write the results."""
+    out = Path(argv[0])
+    seeds = [int(s) for s in argv[1:] if "=" not in s] or [0]
+    extra = dict(a.split("=", 1) for a in argv[1:] if "=" in a)
     torch.set_num_threads(1)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
             for hide in (False, True):
-                runs.append(measure(seed, hide, Path(tmp) / f"s{seed}-{int(hide)}"))
+                runs.append(measure(seed, hide, Path(tmp) / f"s{seed}-{int(hide)}", extra))
                 print(json.dumps({k: runs[-1][k] for k in ("seed", "hide-client-models", "wall_s_per_iteration",
                                                            "crypto_wall_s")}), runs[-1]["rows"][-1], flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"setup": SETUP, "runs": runs, "machine": platform.processor() or platform.machine(),
+    out.write_text(json.dumps({"setup": {**SETUP, **extra}, "runs": runs, "machine": platform.processor() or platform.machine(),
                                "torch_threads": 1}, indent=1) + "\n")
     return 0
 

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fl_app import protocol as P
 from fl_app.averaging import weighted_average
-from fl_app.hidden import MARK, SEALED, WEIGHT, GroupSecret, HiddenError, is_bundle, seal_state, unseal_state, upload_aad
+from fl_app.hidden import MARK, SEALED, WEIGHT, GroupSecret, HiddenError, seal_state, unseal_state, upload_aad
 from fl_app.models import BlockModel, build_model
 from fl_app.options import parse_cut_layers
 

@@ -19,8 +19,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fl_app import protocol as P
-from fl_app.client.hidden import bundle_slots, is_bundle
+from fl_app.client.hidden import bundle_slots
 from fl_app.client.state import MODEL_PARTS, slot_key
+from fl_app.hidden import is_bundle
 from fl_app.models import BlockModel, fixed_rng
 from fl_app.training import (
     accumulate_gradients,
