@@ -154,13 +154,14 @@ def test_the_server_never_holds_client_side_weights(tmp_path, split):
 
 
 # --- 3. the same numbers with the same init ---------------------------------------------------------------
-def test_hidden_run_equals_plain_run_with_the_public_seed(tmp_path, monkeypatch):
+@pytest.mark.parametrize("strategy", ["splitfed-v1", "splitfed-v2", "minibatch-sfl", "vanilla-sl"])
+def test_hidden_run_equals_plain_run_with_the_public_seed(tmp_path, monkeypatch, strategy):
     """The hidden seed set to the public one (seed 1): every metric but the bytes, virtual and wall time (the
     key agreement and the bundles cost) is the plain run's exactly."""
-    _run(tmp_path / "plain", **{"cut-layers": "1,9"})
+    _run(tmp_path / "plain", strategy=strategy, **{"cut-layers": "1,9"})
     draw = GroupSecret.draw
     monkeypatch.setattr(GroupSecret, "draw", staticmethod(lambda: GroupSecret(draw().key, BASE["seed"])))
-    _run(tmp_path / "hidden", **{"cut-layers": "1,9", "hide-client-models": True})
+    _run(tmp_path / "hidden", strategy=strategy, **{"cut-layers": "1,9", "hide-client-models": True})
     plain, hidden = ([(r["test_accuracy"], r["test_loss"], r["server_updates"]) for r in
                       csv.DictReader(open(tmp_path / d / "metrics.csv"))] for d in ("plain", "hidden"))
     assert plain == hidden and len(plain) == 3

@@ -81,6 +81,7 @@ class MiniBatchSFL(SyncSplitStrategy):
 
     name = "minibatch-sfl"
     ushaped_refusal = ""
+    hides_client_models = True  # strategies.core.hidden
     options = (AGGREGATION_OPTION,)
 
     def initialize(self) -> None:
@@ -117,6 +118,7 @@ class SplitFedV2(SyncSplitStrategy):
 
     name = "splitfed-v2"
     ushaped_refusal = ""
+    hides_client_models = True  # strategies.core.hidden
     options = (AGGREGATION_OPTION,)
 
     def initialize(self) -> None:

@@ -77,7 +77,7 @@ def check_hidden(cls: type, cfg: RunConfig) -> None:
         return
     if not getattr(cls, "hides_client_models", False):
         raise ConfigError(f"hide-client-models is not supported for strategy {cls.name} "
-                          "(supported: splitfed-v1)")
+                          "(supported: splitfed-v1, splitfed-v2, minibatch-sfl, vanilla-sl)")
     from strategies.core.aggregation import ModelAggregation
     if cls.aggregate_models is not ModelAggregation.aggregate_models:
         raise ConfigError(f"hide-client-models: {cls.name} overrides aggregate_models; the clients average "
