@@ -15,6 +15,7 @@ concern:
 :mod:`fl_app.client.fl_handlers`       ``train.fit`` (FL baselines) and ``evaluate``
 :mod:`fl_app.client.checkpoint`        ``query.checkpoint``, ``query.restore``: the node's whole state
 :mod:`fl_app.client.audit`             ``privacy-record``: what each reply carried of the labels
+:mod:`fl_app.client.hidden_handlers`   ``query.hidden``: key agreement, federated evaluation (``hide-client-models``)
 :mod:`fl_app.session.client`           ``query.session``: a session's requests, through this app
 =====================================  ==========================================================
 """
@@ -28,6 +29,7 @@ from flwr.clientapp import ClientApp
 from fl_app.client.audit import label_audit
 from fl_app.client.checkpoint import query_checkpoint, query_restore
 from fl_app.client.fl_handlers import evaluate, train_fit
+from fl_app.client.hidden_handlers import query_hidden
 from fl_app.client.node import query_info
 from fl_app.client.split_handlers import train_backward, train_forward, train_step
 from fl_app.client.zo_handlers import train_zo_forward, train_zo_update
@@ -63,6 +65,7 @@ app.train("fit")(train_fit)
 app.evaluate()(evaluate)
 app.query("checkpoint")(query_checkpoint)
 app.query("restore")(query_restore)
+app.query("hidden")(query_hidden)
 
 
 @app.query("session")

@@ -193,6 +193,10 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("label-noise", 0.0, "`label-defence=iso`: t, the noise's scale relative to the batch's largest gradient "
            "row (each row gets N(0, t²·‖g_max‖²/d · I_d)); needs `label-defence=iso`", at_least=0,
            source="the isotropic-noise baseline of Li et al., ICLR 2022"),
+    Option("hide-client-models", False, "keep the client-side models (the head, and the tail of a U-shaped split) from "
+           "the server: a hidden init seed, AES-GCM-sealed uploads that the clients average themselves, "
+           "federated evaluation (see \"Hide the client-side models from the server\")",
+           source="SplitFed's fed server, Thapa et al., AAAI 2022, §3"),
     Option("num-clients", 20, "clients (partitions, SuperNodes)", at_least=1),
     Option("concurrency", 10, "clients training at once (C)", at_least=1),
     Option("partition", "shard", "`iid`, `dirichlet` (with `alpha`), `shard` (with `shards` = classes per client), `label-sorted` "

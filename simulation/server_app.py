@@ -37,6 +37,7 @@ from simulation.timing.durations import DeviceTiming, ZeroTiming
 from simulation.outputs.trackers import TrackingContext, check_trackers, open_trackers
 from strategies.core.checkpoint import CHECKPOINT_FILE, RESUMABLE_KEYS, read_meta
 from strategies.core.registry import get_strategy
+from strategies.core.hidden import check_hidden
 from strategies.core.ushaped import check_cut_layers
 
 log = logging.getLogger("sflower")
@@ -89,6 +90,7 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     task = load_task(cfg)
     check_batch_size(task, cfg.batch_size)
     check_cut_layers(strategy_cls, cfg, task)
+    check_hidden(strategy_cls, cfg)
     strategy_cls.check_config(cfg, task)
     weights_only = strategy_cls.weights_only_links(cfg)
     check_links(strategy_cls.name, weights_only, cfg)

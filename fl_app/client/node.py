@@ -19,6 +19,7 @@ from torch import nn
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fl_app import protocol as P
+from fl_app.client.hidden import hides, sealed_reply
 from fl_app.client.slots import Slot
 from fl_app.client.state import IDENTITY_KEY, RNG_KEY, RNG_SEED, SAMPLER_KEY, STREAM_DROPOUT
 from fl_app.config import RunConfig
@@ -142,7 +143,10 @@ class Node:
         return content
 
     def weights_reply(self, model: BlockModel) -> RecordDict:
-        """The slot's weights and this node's example count."""
+        """The slot's weights and this node's example count; sealed with ``hide-client-models``
+        (:func:`fl_app.client.hidden.sealed_reply`)."""
+        if hides(self):
+            return sealed_reply(self, model)
         return P.record_dict({
             P.WEIGHTS: P.state_record(model.state_dict()),
             P.INFO: ConfigRecord({P.INFO_NUM_EXAMPLES: self.task.num_examples(self.partition_id)}),

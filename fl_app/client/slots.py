@@ -19,7 +19,9 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fl_app import protocol as P
+from fl_app.client.hidden import bundle_slots
 from fl_app.client.state import MODEL_PARTS, slot_key
+from fl_app.hidden import is_bundle
 from fl_app.models import BlockModel, fixed_rng
 from fl_app.training import (
     accumulate_gradients,
@@ -140,7 +142,12 @@ class Slot:
         return out.detach()
 
     def load_weights(self, record: ArrayRecord) -> None:
-        """Replace the weights; reset the optimizer and the accumulator."""
+        """Replace the weights; reset the optimizer and the accumulator. A bundle of sealed uploads
+        (``hide-client-models``) loads the clients' own average of them (:mod:`fl_app.client.hidden`)."""
+        if is_bundle(record):
+            for name, weights in bundle_slots(self.node, record).items():
+                Slot(self.node, name).load_weights(weights)
+            return
         self.put("weights", record)
         self.drop("optimizer", "accum")
 

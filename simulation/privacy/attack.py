@@ -164,7 +164,8 @@ def run_attack(run_dir: str | Path, **options: Any) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(int(opts["seed"]))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(opts["seed"]))  # the decoder's and the shadow's initial weights
-        uploads = bool(getattr(get_strategy(cfg.strategy), "uploads_models", True))
+        # the server holds no client-side model where the strategy keeps it or the run hides it (hide-client-models)
+        uploads = bool(getattr(get_strategy(cfg.strategy), "uploads_models", True)) and not cfg.get("hide-client-models")
         if uploads:
             client = saved.model.segment(0, cut)
         else:  # U-shaped: the server holds the middle [c1, c2) only, and shadows the tail too

@@ -31,6 +31,7 @@ class SplitFedV1(SyncSplitStrategy):
 
     name = "splitfed-v1"
     ushaped_refusal = ""
+    hides_client_models = True  # strategies.core.hidden
     options = (AGGREGATION_OPTION, CLIENT_OPTIMIZER_OPTION, SERVER_OPTIMIZER_OPTION, *ZO_OPTIONS)
 
     def begin_round(self, cohort: list[int]) -> None:
@@ -80,6 +81,7 @@ class MiniBatchSFL(SyncSplitStrategy):
 
     name = "minibatch-sfl"
     ushaped_refusal = ""
+    hides_client_models = True  # strategies.core.hidden
     options = (AGGREGATION_OPTION,)
 
     def initialize(self) -> None:
@@ -116,6 +118,7 @@ class SplitFedV2(SyncSplitStrategy):
 
     name = "splitfed-v2"
     ushaped_refusal = ""
+    hides_client_models = True  # strategies.core.hidden
     options = (AGGREGATION_OPTION,)
 
     def initialize(self) -> None:

@@ -277,13 +277,13 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
     def prepare(self, initial_arrays: ArrayRecord | None = None) -> None:
         """The server's set-up that needs no client, run while the handshake's replies are on their way:
         :meth:`initialize`, the initial weights (``initial_arrays``, full-model weights, when given) and, for one
-        global model (no :meth:`evaluation_models`), the initial evaluation that :meth:`evaluate_and_record`
-        then records. This hides the clients' start (a Ray actor's imports, a deployment round trip) behind
+        global model (no :meth:`evaluation_models`, not ``hide-client-models``: those need the clients), the
+        initial evaluation that :meth:`evaluate_and_record` then records. This hides the clients' start (a Ray actor's imports, a deployment round trip) behind
         the server's own work; nothing it computes depends on the handshake, so no number changes."""
         self.initialize()
         if initial_arrays is not None:
             self.global_model().load_state_dict(P.record_state(initial_arrays))
-        if type(self).evaluation_models is SFLStrategy.evaluation_models:  # per-client models need the clients
+        if type(self).evaluation_models is SFLStrategy.evaluation_models and not self.cfg.get("hide-client-models"):
             self.metric_log.early = self.metric_log.timed(lambda: self.evaluate_global(full=False))
 
     # ------------------------------------------------------------------ membership (delegated)

@@ -36,6 +36,7 @@ from fl_app.task import Task
 from fl_app.training import make_sgd
 from strategies.core.loops import SyncStrategy
 from strategies.core.dispatcher import Request
+from strategies.core.hidden import HiddenClientModels, SealedModels
 from strategies.core.requests import optimizer_settings
 from strategies.core.server_step import LossFn, zo_step
 from strategies.core.ushaped import LabelPrivateSplit
@@ -85,7 +86,7 @@ def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, 
     return ZOFeedback(diffs)
 
 
-class SplitMixin(LabelPrivateSplit):
+class SplitMixin(HiddenClientModels, LabelPrivateSplit):
     """The global model split at the cut layer (or two: :mod:`strategies.core.ushaped`), and the requests. Hooks:
 
     - ``server_side_lr``, ``client_side_lr``, ``client_zo``, ``server_zo`` (properties): each side's rate; ZO or not.
@@ -107,6 +108,8 @@ class SplitMixin(LabelPrivateSplit):
         if self.device.type != "cpu":
             self.model.to(self.device)
         self.client_model, self.server_model = self.split_parts(self.model)
+        #: ``hide-client-models``: the server's blind-relay side (:mod:`strategies.core.hidden`), else None
+        self.sealed = SealedModels(self) if self.cfg.get("hide-client-models") else None
         #: ZO clients: pid -> (h⁺, h⁻) of its latest forward, until :meth:`feedback` uses them
         self.zo_pairs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -228,12 +231,6 @@ class SplitMixin(LabelPrivateSplit):
         x, y = P.replies.activations(content)
         return self.on_device(x), (None if y is None else self.on_device(y))
 
-    @staticmethod
-    def weights_of(content: RecordDict) -> tuple[dict[str, torch.Tensor], int]:
-        """``(state_dict, num_examples)`` of a weights reply (:func:`fl_app.protocol.replies.weights`)."""
-        return P.replies.weights(content)
-
-
 class SyncSplitStrategy(SplitMixin, SyncStrategy):
     """A synchronous SFL round; subclasses define the server side.
 
@@ -272,7 +269,10 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         return None
 
     def start_weights(self) -> ArrayRecord | None:
-        """Weights every cohort member loads first: the current client-side model (encoded once)."""
+        """Weights every cohort member loads first: the current client-side model (encoded once); with
+        ``hide-client-models``, the bundle of the last round's sealed uploads (:mod:`strategies.core.hidden`)."""
+        if self.sealed is not None:
+            return self.sealed.bundle()
         return P.state_record(self.client_model.state_dict())
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
@@ -286,8 +286,10 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
 
     def collect_client_models(self, uploads: Mapping[int, dict[str, torch.Tensor]]) -> None:
         """Aggregate the uploaded client-side models (:meth:`aggregate_models`, ascending pid; default the
-        eq. 10 weighted mean) into the current one."""
-        if uploads:
+        eq. 10 weighted mean) into the current one; sealed ones are kept for the clients to average."""
+        if self.sealed is not None:
+            self.sealed.collect(uploads)
+        elif uploads:
             self.client_model.load_state_dict(self.aggregate_uploads(uploads))
 
     def end_round(self, cohort: list[int]) -> None:

@@ -196,7 +196,7 @@ class LabelPrivateSplit(SFLStrategy):
         part of them waits for each cohort member's first tail exchange."""
         start = self.start_weights()
         self.tail_start, self.tail_fresh = None, set()
-        if start is None or not self.cuts:
+        if start is None or not self.cuts or getattr(self, "sealed", None) is not None:  # a bundle: whole
             return start
         tail_keys = set(self.model.segment(self.cuts[1], self.costs.num_blocks).state_dict())
         start, self.tail_start = split_weights(start, tail_keys)
