@@ -172,6 +172,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
         print(f"label inference on {lab['samples']} tail gradients (label-defence={lab['label_defence']}): "
               f"norm AUC {lab['norm_auc']:.3f}, direction AUC {lab['direction_auc']:.3f} (0.5 is chance) -> "
               f"{Path(args.target) / 'privacy' / 'labels.json'}")
+    from simulation.privacy.strongest import headline_lines
+
+    print("\n".join(headline_lines(res["strongest"])), f"-> {Path(args.target) / 'privacy' / 'attacks.json'}")
     return 0
 
 
