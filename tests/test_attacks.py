@@ -20,7 +20,8 @@ import pytest
 import torch
 from torch import nn
 
-from simulation.privacy.clustering import cluster_rows, known_label_accuracy, matched_accuracy, name_clusters
+from simulation.privacy.clustering import (cluster_rows, known_label_accuracy, matched_accuracy, name_clusters,
+                                           one_per_cluster_accuracy)
 from simulation.privacy.matching import match_labels, track_tail
 from simulation.privacy.strongest import ServerHoldings, headline_lines, label_attacks, worst_case
 from simulation.privacy.update_labels import bag_accuracy, label_counts
@@ -102,6 +103,7 @@ def test_clustering_separated_rows_and_one_known_row_per_cluster():
     assert matched_accuracy(cluster_rows(rows, 5, "spectral"), labels) == 1.0
     one_each = np.array([np.flatnonzero(clusters == c)[0] for c in range(5)])
     assert (name_clusters(clusters, one_each, labels[one_each], 5) == labels).all()
+    assert one_per_cluster_accuracy(clusters, labels) == 1.0
     assert known_label_accuracy(clusters, labels, 1) == pytest.approx(0.2)  # one known row names everything
 
 

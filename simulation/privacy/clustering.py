@@ -14,7 +14,8 @@ shrink as training converges). Two scores:
 * :func:`known_label_accuracy`: an attacker who knows the labels of ``m``
   rows (drawn at random) names each cluster by the majority of its known
   rows, and a cluster with none by the most frequent known label: the
-  accuracy as a function of ``m`` (averaged over draws).
+  accuracy as a function of ``m`` (averaged over draws); :func:`one_per_cluster_accuracy`: one known
+  row in each cluster.
 """
 
 from __future__ import annotations
@@ -84,4 +85,16 @@ def known_label_accuracy(clusters: np.ndarray, labels: np.ndarray, m: int, draws
     for _ in range(draws):
         known = rng.choice(len(labels), size=min(m, len(labels)), replace=False)
         accs.append(float((name_clusters(clusters, known, labels[known], k) == labels).mean()))
+    return float(np.mean(accs))
+
+
+def one_per_cluster_accuracy(clusters: np.ndarray, labels: np.ndarray, draws: int = 20, seed: int = 0) -> float:
+    """The mean accuracy, over ``draws``, of naming each cluster by the label of one random row of it (an
+    attacker who learns one labelled row per cluster: ``k`` labels in all)."""
+    rng = np.random.default_rng(seed)
+    ids = np.unique(clusters)
+    accs = []
+    for _ in range(draws):
+        known = np.array([rng.choice(np.flatnonzero(clusters == c)) for c in ids])
+        accs.append(float((name_clusters(clusters, known, labels[known], len(ids)) == labels).mean()))
     return float(np.mean(accs))

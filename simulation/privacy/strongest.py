@@ -102,7 +102,8 @@ def label_attacks(held: ServerHoldings, labels: dict[int, np.ndarray], seed: int
     """Every label attack on ``held``'s tail record, scored against ``labels`` (per client, the true labels of
     its tail rows in the recorded order: the evaluator's). Rows: ``attack``, ``accuracy``, ``chance``,
     ``samples`` (and attack-specific keys); ``held: false`` with ``reason`` where the server lacks an input."""
-    from simulation.privacy.clustering import cluster_rows, known_label_accuracy, matched_accuracy
+    from simulation.privacy.clustering import (cluster_rows, known_label_accuracy, matched_accuracy,
+                                               one_per_cluster_accuracy)
     from simulation.privacy.matching import track_tail
     from simulation.privacy.update_labels import bag_accuracy, label_counts, last_bias_key
 
@@ -146,6 +147,7 @@ def label_attacks(held: ServerHoldings, labels: dict[int, np.ndarray], seed: int
     for method in ("kmeans", "spectral"):
         clusters = cluster_rows(grads, held.num_classes, method, seed)
         known = {str(m): known_label_accuracy(clusters, truth, m, seed=seed) for m in KNOWN_COUNTS if m <= n}
+        known["one per cluster"] = one_per_cluster_accuracy(clusters, truth, seed=seed)
         rows.append(_row(method, "labels", True, accuracy=matched_accuracy(clusters, truth), chance=chance, samples=n,
                          scored="clusters named by the Hungarian assignment", known_labels=known))
     return rows
