@@ -418,6 +418,7 @@ def test_the_attack_reads_the_labels_off_what_the_server_recorded(tmp_path, caps
     assert cli.main(["attack", str(noisy), "epochs=1"]) == 0  # the command prints both attacks' lines
     printed = capsys.readouterr().out
     assert "label inference on 1280 tail gradients (label-defence=iso)" in printed and "PSNR" in printed
+    assert "worst case over all attacks: labels" in printed and "gradient-matching tracked" in printed
     assert json.loads((noisy / "privacy" / "labels.json").read_text())["direction_auc"] <= 0.65
     received = dict(np.load(out / "privacy" / "received.npz"))
     received["g-1"] = received["g-1"] + 1.0

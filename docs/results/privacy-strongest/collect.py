@@ -1,6 +1,6 @@
 """One row per run and attack of docs/results/privacy-strongest/ from each run's privacy/attacks.json.
 
-Usage: python docs/results/privacy-strongest/collect.py RUNS_DIR > docs/results/privacy-strongest/results.csv
+Usage: python docs/results/privacy-strongest/collect.py RUNS_DIR > docs/results/privacy-strongest/attacks.csv
 """
 
 import csv

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The strongest-attack measurements of docs/results/privacy-strongest/ (one seed, one thread).
-# Usage: docs/results/privacy-strongest/run.sh RUNS_DIR [variant ...]   (default: every variant)
+# Usage: [ATTACK="epochs=5"] docs/results/privacy-strongest/run.sh RUNS_DIR [variant ...]   (default: every variant)
+# ATTACK: the options of sflower attack (default: its defaults, a 20-epoch decoder).
 set -euo pipefail
 out=${1:?RUNS_DIR}; shift
 export OMP_NUM_THREADS=1
@@ -18,5 +19,6 @@ declare -A V=(
 names=("$@"); [ ${#names[@]} -gt 0 ] || names=(prefix u-none u-max-norm u-iso-1 u-iso-4 u-nopeek-100 u-noise-0.03 u-psl)
 for name in "${names[@]}"; do
   sflower run -q $COMMON ${V[$name]} output-dir="$out/$name"
-  sflower attack "$out/$name"
+  sflower attack "$out/$name" ${ATTACK:-}
 done
+python "$(dirname "$0")/collect.py" "$out" > "$(dirname "$0")/attacks.csv"
