@@ -1,6 +1,8 @@
 """One row per run and attack of docs/results/privacy-strongest/ from each run's privacy/attacks.json.
 
 Usage: python docs/results/privacy-strongest/collect.py RUNS_DIR > docs/results/privacy-strongest/attacks.csv
+       python docs/results/privacy-strongest/collect.py --markdown docs/results/privacy-strongest/attacks.csv
+(the second prints the README's summary table from the results file).
 """
 
 import csv
@@ -27,7 +29,40 @@ def rows(runs: Path):
                          f"inputs: {(w['inputs'] or {}).get('attack', '')}"}
 
 
+def markdown(path: Path) -> str:
+    """The summary table: per variant, each attack's label accuracy or PSNR."""
+    table = list(csv.DictReader(path.open()))
+    variants = list(dict.fromkeys(r["variant"] for r in table))
+    attacks = list(dict.fromkeys(r["attack"] for r in table if r["attack"] != "WORST CASE")) + ["WORST CASE"]
+
+    def cell(v: str, a: str) -> str:
+        r = next((r for r in table if r["variant"] == v and r["attack"] == a), None)
+        if r is None:
+            return "–"
+        if r["held"] == "False":
+            return "not held"
+        if r["kind"] == "label-auc":
+            return f"AUC {float(r['norm_auc']):.3f} / {float(r['direction_auc']):.3f}"
+        parts = [f"{float(r['accuracy']):.3f}"] if r["accuracy"] else []
+        parts += [f"{float(r['psnr']):.2f} dB"] if r["psnr"] else []
+        return ", ".join(parts) or "–"
+
+    lines = ["| attack | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    lines += [f"| {a} | " + " | ".join(cell(v, a) for v in variants) + " |" for a in attacks]
+    known = [k for k in COLUMNS if k.startswith("known_")]
+    lines += ["", "| clustering, variant | " + " | ".join(k[6:] + " known" for k in known) + " | all (Hungarian) |",
+              "|---|" + "---|" * (len(known) + 1)]
+    for r in table:
+        if r["attack"] in ("kmeans", "spectral") and r["held"] == "True":
+            lines.append(f"| {r['attack']}, {r['variant']} | " + " | ".join(r[k] or "–" for k in known)
+                         + f" | {r['accuracy']} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--markdown":
+        print(markdown(Path(sys.argv[2])))
+        sys.exit(0)
     out = csv.DictWriter(sys.stdout, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
     out.writeheader()
     for row in rows(Path(sys.argv[1])):
