@@ -129,13 +129,16 @@ def test_least_squares_inverts_a_linear_head_and_rmle_runs_on_a_nonlinear_one():
 
 
 def test_worst_case_picks_the_strongest_and_names_what_is_not_held():
+    """The label attack furthest above its own chance wins (0.9 at chance 0.1 beats 0.92 at chance 0.9)."""
     rows = [{"attack": "a", "kind": "labels", "held": True, "accuracy": 0.4, "chance": 0.1},
             {"attack": "b", "kind": "labels", "held": True, "accuracy": 0.9, "chance": 0.1},
             {"attack": "dec", "kind": "inputs", "held": True, "psnr": 20.0, "ssim": 0.5},
             {"attack": "wb", "kind": "inputs", "held": True, "psnr": 40.0, "ssim": 0.9},
+            {"attack": "counts", "kind": "labels", "held": True, "accuracy": 0.92, "chance": 0.9},
             {"attack": "c", "kind": "labels", "held": False, "reason": "no tails"}]
     w = worst_case(rows)
     assert w["labels"]["attack"] == "b" and w["inputs"]["attack"] == "wb" and w["not_held"] == {"c": "no tails"}
+    assert w["labels"]["advantage"] == pytest.approx(0.8 / 0.9)
     lines = headline_lines({"attacks": rows, "worst_case": w})
     assert "labels 0.900" in lines[0] and "40.00 dB (wb)" in lines[0] and any("not held" in ln for ln in lines)
 

@@ -27,7 +27,8 @@ inputs (every run with received activations):
 An attack whose inputs the server does not hold gets a row with ``held:
 false`` and the reason, never a weaker substitute. :func:`worst_case` names
 the strongest label attack (accuracy against chance: the most frequent
-label's share) and the strongest inversion (PSNR).
+label's share; attacks with different chances are ranked by their
+normalised advantage over it) and the strongest inversion (PSNR).
 """
 
 from __future__ import annotations
@@ -185,15 +186,22 @@ def inversion_attacks(held: ServerHoldings, originals: dict[int, torch.Tensor], 
                  recon=r, **scores(r, o))]
 
 
+def advantage(row: dict[str, Any]) -> float:
+    """A label attack's accuracy above its chance, normalised: ``(accuracy − chance) / (1 − chance)`` (1: every
+    label; 0: no better than chance). Attacks scored against different chances compare by it."""
+    return (row["accuracy"] - row["chance"]) / max(1.0 - row["chance"], 1e-12)
+
+
 def worst_case(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The strongest label attack (highest accuracy) and the strongest inversion (highest PSNR) of ``rows``,
-    each ``{"attack", "accuracy"|"psnr", ...}``, or None where no such attack was held; and ``not_held``: the
-    attacks the server could not run, with their reasons."""
+    """The strongest label attack (the highest :func:`advantage` over chance) and the strongest inversion
+    (highest PSNR) of ``rows``, each ``{"attack", "accuracy"|"psnr", ...}``, or None where no such attack was
+    held; and ``not_held``: the attacks the server could not run, with their reasons."""
     labels = [r for r in rows if r["kind"] == "labels" and r["held"]]
     inputs = [r for r in rows if r["kind"] == "inputs" and r["held"]]
-    best_l = max(labels, key=lambda r: r["accuracy"], default=None)
+    best_l = max(labels, key=advantage, default=None)
     best_i = max(inputs, key=lambda r: r["psnr"], default=None)
-    return {"labels": None if best_l is None else {k: best_l[k] for k in ("attack", "accuracy", "chance")},
+    return {"labels": None if best_l is None else {**{k: best_l[k] for k in ("attack", "accuracy", "chance")},
+                                                   "advantage": advantage(best_l)},
             "inputs": None if best_i is None else {k: best_i[k] for k in ("attack", "psnr", "ssim")},
             "not_held": {r["attack"]: r["reason"] for r in rows if not r["held"]}}
 

@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from simulation.privacy.strongest import worst_case
+
 COLUMNS = ("variant", "attack", "kind", "held", "accuracy", "chance", "psnr", "ssim", "norm_auc", "direction_auc",
            "tracking_error", "known_10", "known_20", "known_50", "known_100", "known_200", "known_one per cluster", "samples", "reason")
 
@@ -21,7 +23,7 @@ def rows(runs: Path):
         for r in report["attacks"]:
             known = {f"known_{m}": v for m, v in (r.get("known_labels") or {}).items()}
             yield {"variant": variant, **{k: r.get(k, "") for k in COLUMNS if k != "variant"}, **known}
-        w = report["worst_case"]
+        w = worst_case(report["attacks"])  # recomputed: the ranking by advantage over chance
         yield {"variant": variant, "attack": "WORST CASE", "kind": "labels+inputs", "held": True,
                "accuracy": (w["labels"] or {}).get("accuracy", ""), "chance": (w["labels"] or {}).get("chance", ""),
                "psnr": (w["inputs"] or {}).get("psnr", ""), "ssim": (w["inputs"] or {}).get("ssim", ""),

@@ -21,4 +21,4 @@ for name in "${names[@]}"; do
   sflower run -q $COMMON ${V[$name]} output-dir="$out/$name"
   sflower attack "$out/$name" ${ATTACK:-}
 done
-python "$(dirname "$0")/collect.py" "$out" > "$(dirname "$0")/attacks.csv"
+PYTHONPATH="${PYTHONPATH:-.}" python "$(dirname "$0")/collect.py" "$out" > "$(dirname "$0")/attacks.csv"
