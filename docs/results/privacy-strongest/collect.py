@@ -16,8 +16,14 @@ COLUMNS = ("variant", "attack", "kind", "held", "accuracy", "chance", "psnr", "s
            "tracking_error", "known_10", "known_20", "known_50", "known_100", "known_200", "known_one per cluster", "samples", "reason")
 
 
+#: The variants in the order of run.sh (others after them, by name).
+ORDER = ("prefix", "u-none", "u-max-norm", "u-iso-1", "u-iso-4", "u-nopeek-100", "u-noise-0.03", "u-psl")
+
+
 def rows(runs: Path):
-    for path in sorted(runs.glob("*/privacy/attacks.json")):
+    paths = runs.glob("*/privacy/attacks.json")
+    rank = {name: i for i, name in enumerate(ORDER)}
+    for path in sorted(paths, key=lambda p: (rank.get(p.parent.parent.name, len(ORDER)), p.parent.parent.name)):
         report = json.loads(path.read_text())
         variant = path.parent.parent.name
         for r in report["attacks"]:
