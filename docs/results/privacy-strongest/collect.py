@@ -17,7 +17,7 @@ COLUMNS = ("variant", "attack", "kind", "held", "accuracy", "chance", "psnr", "s
 
 
 #: The variants in the order of run.sh (others after them, by name).
-ORDER = ("prefix", "u-none", "u-max-norm", "u-iso-1", "u-iso-4", "u-nopeek-100", "u-noise-0.03", "u-psl")
+ORDER = ("prefix", "prefix-decoder-e5", "u-none", "u-max-norm", "u-iso-1", "u-iso-4", "u-nopeek-100", "u-noise-0.03", "u-psl")
 
 
 def rows(runs: Path):
