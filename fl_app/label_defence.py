@@ -2,7 +2,7 @@
 
 In a label-private split (``cut-layers=c1,c2``) the gradient a client's tail
 returns at ``c2`` reveals the batch's labels (norm and direction scoring:
-:mod:`simulation.label_leakage`). With ``label-defence=max-norm`` the client
+:mod:`simulation.privacy.label_leakage`). With ``label-defence=max-norm`` the client
 adds Gaussian noise to each sample's row ``g_j`` of that gradient before it
 leaves: ``n_j ~ N(0, σ_j² I_d)``, ``σ_j = sqrt((‖g_max‖² − ‖g_j‖²) / d)``,
 ``‖g_max‖`` the largest row norm of the batch and ``d`` the row's size, so

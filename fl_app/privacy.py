@@ -220,7 +220,7 @@ def tail_truth_path(run_dir: str | Path, partition_id: int) -> Path:
 def append_tail_truth(run_dir: str, partition_id: int, grad: torch.Tensor, labels: torch.Tensor) -> None:
     """Append a U-shaped tail's returned gradient (as sent, ``[B, ...]``, as float32 ``[B, d]``) and its
     batch's labels (int64 ``[B]``) to the evaluator's record :func:`tail_truth_path`: the ground truth of the
-    label attack (:mod:`simulation.label_leakage`). The file is a stream of ``.npy`` arrays, ``g`` then ``y``
+    label attack (:mod:`simulation.privacy.label_leakage`). The file is a stream of ``.npy`` arrays, ``g`` then ``y``
     per reply, appended without reading it back (one write per reply, however long the run)."""
     path = tail_truth_path(run_dir, partition_id)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,7 @@
 The ServerApp (:mod:`simulation.server_app`), the engines (:mod:`simulation.engine`,
 :mod:`simulation.ray_engine`), virtual time (:mod:`simulation.timing`), the session transport's server
 side (:mod:`simulation.session`), the loopback deployment (:mod:`simulation.deploy`), a run's outputs and
-reports (:mod:`simulation.outputs`), the leakage measurements (:mod:`simulation.privacy`,
-:mod:`simulation.label_leakage`), sweeps, statistics and the ``sflower`` command line
+reports (:mod:`simulation.outputs`), the leakage measurements (:mod:`simulation.privacy`), sweeps, statistics and the ``sflower`` command line
 (:mod:`simulation.cli`).
 
 Imports: ``fl_app``, ``strategies`` and ``simulation``; nothing from ``benchmarks``, the floor above it,

@@ -174,6 +174,9 @@ def cmd_attack(args: argparse.Namespace) -> int:
         print(f"label inference on {lab['samples']} tail gradients (label-defence={lab['label_defence']}): "
               f"norm AUC {lab['norm_auc']:.3f}, direction AUC {lab['direction_auc']:.3f} (0.5 is chance) -> "
               f"{Path(args.target) / 'privacy' / 'labels.json'}")
+    from simulation.privacy.strongest import headline_lines
+
+    print("\n".join(headline_lines(res["strongest"])), f"-> {Path(args.target) / 'privacy' / 'attacks.json'}")
     return 0
 
 
@@ -377,8 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
     ev.set_defaults(func=cmd_evaluate)
     at = sub.add_parser("attack", help="model inversion of the activations a run's server received, and label "
-                                       "inference on a U-shaped run's tail gradients (needs privacy-record=true; "
-                                       "writes RUN_DIR/privacy/inversion.* and labels.json)",
+                                       "inference on a U-shaped run's tail gradients, the strongest known attacks and the worst "
+                                       "case over them (needs privacy-record=true; writes RUN_DIR/privacy/"
+                                       "inversion.*, labels.json and attacks.json)",
                         description="sflower attack RUN_DIR [aux=holdout|test epochs=20 shadow-epochs=10 seed=0 "
                                     "data-dir=DIR]")
     at.add_argument("target", metavar="RUN_DIR")

@@ -149,7 +149,7 @@ def test_ray_matches_inprocess(tmp_path, strategy, extra):
     assert sorted(placement["clients"]) == ["0", "1", "2"]
     assert 1 <= placement["max_parallel"] <= 2
     if extra:  # the label attack reads the same tail gradients, with the same labels, off either engine's run
-        from simulation.label_leakage import attack_run
+        from simulation.privacy.label_leakage import attack_run
 
         ray_labels, local_labels = attack_run(tmp_path / "ray"), attack_run(tmp_path / "local")
         assert ray_labels == local_labels and ray_labels["samples"] == 3 * 2 * 8

@@ -310,7 +310,7 @@ def test_ushaped_over_sessions(strategy, certs, tmp_path):
 def test_leakage_auc_on_hand_made_gradients():
     """Rows of class c along e_c (norm 1 + c): direction scoring reads every label (AUC 1); norm scoring ranks
     class 2 (the largest norms) first, class 0 last: per-class AUCs 0, 0.5, 1 -> mean 0.5."""
-    from simulation.label_leakage import leakage_auc
+    from simulation.privacy.label_leakage import leakage_auc
 
     labels = np.array([0, 1, 2] * 4)
     grads = np.zeros((12, 3))
@@ -331,7 +331,7 @@ def test_label_inference_reads_the_labels_and_max_norm_blurs_them(tmp_path, cuts
     """The gradients U-shaped clients return at c2 give away their labels to direction scoring (measured on
     mnist-5k, seed 1: AUC 1.0 with the tail = the last block, cuts 2,11; 0.931 with 3 blocks, cuts 2,9);
     max-norm noise lowers it (0.931 at cuts 2,11, 0.905 at 2,9), not to chance."""
-    from simulation.label_leakage import measure
+    from simulation.privacy.label_leakage import measure
 
     cfg = {**BASE, **LEAK, "cut-layers": cuts, "output-dir": str(tmp_path)}
     auc = measure(RunConfig.from_mapping(cfg))
@@ -401,7 +401,7 @@ def test_the_attack_reads_the_labels_off_what_the_server_recorded(tmp_path, caps
     direction scoring reads the labels (>= 0.85), iso noise at t = 4 brings it near chance (<= 0.65); a record
     that is not what a client sent is left out, and with none left the attack is one ConfigError."""
     from fl_app.errors import ConfigError
-    from simulation.label_leakage import attack_run, measure
+    from simulation.privacy.label_leakage import attack_run, measure
     from simulation.privacy.attack import run_attack
 
     cfg = {**BASE, **LEAK, "privacy-record": True, "aux-holdout": 200}
@@ -418,6 +418,7 @@ def test_the_attack_reads_the_labels_off_what_the_server_recorded(tmp_path, caps
     assert cli.main(["attack", str(noisy), "epochs=1"]) == 0  # the command prints both attacks' lines
     printed = capsys.readouterr().out
     assert "label inference on 1280 tail gradients (label-defence=iso)" in printed and "PSNR" in printed
+    assert "worst case over all attacks: labels" in printed and "gradient-matching tracked" in printed
     assert json.loads((noisy / "privacy" / "labels.json").read_text())["direction_auc"] <= 0.65
     received = dict(np.load(out / "privacy" / "received.npz"))
     received["g-1"] = received["g-1"] + 1.0

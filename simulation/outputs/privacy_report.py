@@ -29,7 +29,7 @@ from simulation.stats import mean_ci
 
 #: The results column of the inversion's PSNR (dB).
 PSNR = "inversion_psnr"
-#: The results columns of the label attack's AUCs (U-shaped runs; :mod:`simulation.label_leakage`).
+#: The results columns of the label attack's AUCs (U-shaped runs; :mod:`simulation.privacy.label_leakage`).
 NORM, DIRECTION = "label_norm_auc", "label_direction_auc"
 
 

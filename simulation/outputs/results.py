@@ -54,7 +54,7 @@ def inversion_columns(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     res = read_json_table(path)
-    labels_path = run_dir / "privacy" / "labels.json"  # U-shaped runs: simulation.label_leakage.attack_run
+    labels_path = run_dir / "privacy" / "labels.json"  # U-shaped runs: simulation.privacy.label_leakage.attack_run
     labels = read_json_table(labels_path) if labels_path.is_file() else {}
     return {**{f"inversion_{k}": res[k] for k in ("mse", "psnr", "ssim")},
             **{f"label_{k}": labels[k] for k in ("norm_auc", "direction_auc") if k in labels}}

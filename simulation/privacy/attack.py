@@ -19,8 +19,14 @@ After a run with ``privacy-record=true`` (and, for its auxiliary data,
 In a U-shaped run (``cut-layers=c1,c2``) the server holds only the middle: a
 shadow model (where nothing is uploaded) is trained with a shadow of the
 tail, and the attack also reads the labels off the gradients the clients'
-tails returned (:func:`simulation.label_leakage.attack_run`: norm and
+tails returned (:func:`simulation.privacy.label_leakage.attack_run`: norm and
 direction scoring, ``RUN_DIR/privacy/labels.json``).
+
+Then the strongest known attacks (:mod:`simulation.privacy.strongest`): label
+inference by gradient matching (static and tracked), from the tail updates,
+and by clustering; white-box inversion through the client-side model the
+server holds. Their rows and the worst case over every attack, the decoder
+and norm/direction scoring included, go to ``RUN_DIR/privacy/attacks.json``.
 
 The scorer, not the server, then reads the clients' ground truth
 (``RUN_DIR/privacy/evaluator/client-K.npz``), checks that each received batch
@@ -44,19 +50,22 @@ import torch
 from fl_app.config import RunConfig
 from fl_app.options import parse_cut_layers
 from fl_app.errors import ConfigError
-from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
+from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR, read_tail_truth, tail_truth_path
 from fl_app.task import load_task
 from fl_app.untrusted import read_json_table, read_npz, run_dir_config
-from simulation.label_leakage import attack_run
+from simulation.privacy.label_leakage import attack_run
 from simulation.outputs.saved_model import load_saved_model
 from simulation.privacy.inversion import save_grid, scores, to_pixels, train_decoder, train_shadow
-from simulation.privacy.record import RECEIVED_FILE
+from simulation.privacy.record import RECEIVED_FILE, read_tail_events
+from simulation.privacy.strongest import ServerHoldings, inversion_attacks, label_attacks, worst_case
 from strategies.core.registry import get_strategy
 
 #: The keys of ``sflower attack`` and their defaults.
 ATTACK_KEYS: dict[str, Any] = {"aux": "holdout", "epochs": 20, "shadow-epochs": 10, "seed": 0, "data-dir": ""}
 #: The result files, under ``RUN_DIR/privacy/``.
 RESULT_JSON, RESULT_CSV, RESULT_PNG = "inversion.json", "inversion.csv", "inversion.png"
+#: Every attack's row and the worst case over them, under ``RUN_DIR/privacy/``.
+STRONGEST_JSON = "attacks.json"
 #: The scored columns, in ``inversion.csv``'s order.
 COLUMNS = ("strategy", "cut_layer", "seed", "nopeek_alpha", "act_clip", "act_noise", "client_model", "aux",
            "samples", "mse", "psnr", "ssim", "psnr_floor", "test_accuracy")
@@ -200,4 +209,84 @@ def run_attack(run_dir: str | Path, **options: Any) -> dict[str, Any]:
     save_grid(orig_px, recon_px, str(out / RESULT_PNG))
     if cuts:  # U-shaped: the labels stayed on the clients; what their tails' gradients reveal of them
         record["labels"] = attack_run(run_dir)
+    sizes = [len(read_npz(run_dir / PRIVACY_DIR / RECEIVED_FILE)[f"x-{p}"]) for p in pids]
+    acts, origs = dict(zip(pids, received.split(sizes))), dict(zip(pids, originals.split(sizes)))
+    held = server_holdings(run_dir, cfg, task, saved, acts)
+    record["strongest"] = strongest_report(run_dir, held, origs, record, lambda x: to_pixels(x, mean, std),
+                                           int(opts["seed"]), prefix=not cuts)
+    if cuts:
+        record["strongest"]["attacks"].append({"attack": "norm/direction scoring", "kind": "label-auc", "held": True,
+                                               "norm_auc": record["labels"]["norm_auc"],
+                                               "direction_auc": record["labels"]["direction_auc"]})
+        (run_dir / PRIVACY_DIR / STRONGEST_JSON).write_text(json.dumps(record["strongest"], indent=2) + "\n")
     return record
+
+
+def server_holdings(run_dir: Path, cfg: RunConfig, task: Any, saved: Any,
+                    activations: dict[int, torch.Tensor]) -> ServerHoldings:
+    """What the server of the run in ``run_dir`` holds (:class:`~simulation.privacy.strongest.ServerHoldings`):
+    its record of the tails (U-shaped), the run's seed's tail, the client-side model ``[0, c1)`` it holds
+    (each client's from ``model-clients.safetensors`` where the run saved them, else the aggregated one where
+    the strategy uploads client-side models), the activations it received."""
+    cuts = parse_cut_layers(str(cfg.get("cut-layers")))
+    n_blocks = len(saved.model.blocks)
+    c1 = cuts[0] if cuts else int(cfg.cut_layer)
+    mean, std = task.data.mean, task.data.std
+    lo = min((0.0 - m) / s for m, s in zip(mean, std))
+    hi = max((1.0 - m) / s for m, s in zip(mean, std))
+    heads: dict[int, torch.nn.Module] = {}
+    if saved.client_models:
+        heads = {int(p): m.segment(0, c1) for p, m in saved.client_models.items()}
+        note = "each client's head as the server received it (model-clients.safetensors)"
+    elif bool(getattr(get_strategy(cfg.strategy), "uploads_models", True)):
+        heads = {-1: saved.model.segment(0, c1)}
+        note = "the aggregated client-side model the server holds (model.safetensors)"
+    else:
+        note = f"{cfg.strategy} uploads no client-side model and the run saved none (model-clients.safetensors)"
+    return ServerHoldings(
+        num_classes=int(saved.meta["num-classes"]),
+        tail_events=read_tail_events(run_dir) if cuts else None,
+        initial_tail=task.build_segment(cuts[1], n_blocks) if cuts else None,
+        heads=heads, heads_note=note, activations=activations, input_shape=tuple(task.data.input_shape),
+        bounds=(lo, hi), act_clip=float(cfg.get("act-clip")))
+
+
+def _tail_labels(run_dir: Path, held: ServerHoldings) -> dict[int, np.ndarray]:
+    """Per client, the evaluator's labels of the tail rows the server recorded (``tail-K.npys``), where the
+    recorded gradients are the ones the client sent (shape, and values to 1e-5 of the largest)."""
+    out = {}
+    for pid, events in sorted((held.tail_events or {}).items()):
+        path = tail_truth_path(run_dir, pid)
+        if not path.is_file():
+            continue
+        sent_g, sent_y = read_tail_truth(path)
+        got = torch.cat([e["g"] for e in events if e["kind"] == "forward"]).numpy()
+        if sent_g.shape == got.shape and float(np.abs(sent_g - got).max()) <= 1e-5 * float(np.abs(got).max() or 1):
+            out[pid] = sent_y
+    return out
+
+
+def strongest_report(run_dir: Path, held: ServerHoldings, originals: dict[int, torch.Tensor],
+                     decoder: dict[str, Any], pixels: Any, seed: int, prefix: bool) -> dict[str, Any]:
+    """Every attack of :mod:`simulation.privacy.strongest` on ``held`` with the decoder's and (U-shaped) norm and
+    direction scoring's rows, the worst case over them; written to ``RUN_DIR/privacy/attacks.json`` (and the
+    white-box reconstructions to ``whitebox.png``)."""
+    rows = [{"attack": "decoder", "kind": "inputs", "held": True, "psnr": decoder["psnr"], "ssim": decoder["ssim"],
+             "mse": decoder["mse"], "samples": decoder["samples"], "client_model": decoder["client_model"]}]
+    for row in inversion_attacks(held, originals, pixels):
+        recon = row.pop("recon", None)
+        if recon is not None:
+            save_grid(torch.cat([pixels(originals[p]) for p in sorted(originals)]), recon,
+                      str(run_dir / PRIVACY_DIR / "whitebox.png"))
+        rows.append(row)
+    if not prefix:
+        labels = _tail_labels(run_dir, held)
+        if held.tail_events is not None and not labels:
+            rows.append({"attack": "gradient matching", "kind": "labels", "held": False,
+                         "reason": "no recorded tail row matches a client's record (unscorable)"})
+        else:
+            rows.extend(label_attacks(held, labels, seed))
+    report = {"prefix": prefix, "attacks": rows}
+    report["worst_case"] = worst_case(rows)
+    (run_dir / PRIVACY_DIR / STRONGEST_JSON).write_text(json.dumps(report, indent=2) + "\n")
+    return report

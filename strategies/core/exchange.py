@@ -71,9 +71,9 @@ class Exchange:
         self.links: LinkCodecs | None = None
         #: ``node-loss=rollback``: a client whose node is lost raises :class:`NodeLostError` instead of being excluded
         self.roll_back = False
-        #: ``(pid, content) -> None``, told of every valid reply, decoded as the
-        #: server uses them (``privacy-record``: :class:`simulation.privacy.record.ReceivedActivations`)
-        self.tap: Callable[[int, RecordDict], None] | None = None
+        #: ``(pid, content, request) -> None``, told of every valid reply, decoded as the server uses it, with
+        #: the request it answers (``privacy-record``: :class:`simulation.privacy.record.ReceivedActivations`)
+        self.tap: Callable[[int, RecordDict, Request], None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A checkpoint saves the dispatcher by its own ``state_dict``; the resumed run makes a new one (and
@@ -173,7 +173,7 @@ class Exchange:
             return self.exclude(pending, f"malformed reply: {problem.reason}", problem.non_finite)
         self.bytes_up += sent  # as encoded on the wire, scales and indices included
         if self.tap is not None:
-            self.tap(pid, content)
+            self.tap(pid, content, pending.request)
         return Reply(pid, pending.request, content, pending.due, pending.seq)
 
     def gather_replies(self, requests: Iterable[tuple[int, Request]], *, first: int | None = None,
