@@ -35,7 +35,6 @@ import numpy as np
 from flwr.app import RecordDict
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
 from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
 
@@ -181,3 +180,16 @@ def read_tail_events(run_dir: str | Path) -> dict[int, list[dict[str, Any]]] | N
     except (OSError, SafetensorError, ValueError, KeyError, TypeError, RecursionError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(f"{path}: unreadable tail record ({first})") from None
+
+
+def attach(strategy: Any, recorder: ReceivedActivations) -> None:
+    """Make ``recorder`` the tap of ``strategy``'s exchange, also after a checkpoint restores the exchange
+    (resume, ``node-loss=rollback``: the restored exchange is a new object, and the tap is never saved)."""
+    strategy.exchange.tap = recorder
+    load = strategy.checkpoints.load_state
+
+    def load_then_tap(state: dict[str, Any]) -> None:
+        load(state)
+        strategy.exchange.tap = recorder
+
+    strategy.checkpoints.load_state = load_then_tap
