@@ -75,6 +75,7 @@ def _reference(tmp_path: Path, cfg: dict) -> Path:
     return out / "metrics.csv"
 
 
+@pytest.mark.e2e  # a real sflower run process, SIGKILLed
 def test_gas_sigkill_after_iteration_3_resumes_identically(tmp_path, capsys):
     """SIGKILL a GAS run (a real subprocess) after checkpoint 3 of 6; the resumed metrics equal an uninterrupted run's."""
     cfg = {**BASE, "strategy": "gas", "checkpoint-every": 3}
