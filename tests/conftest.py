@@ -34,6 +34,11 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 FAST_TIER = "not e2e and not slow"
 
 
+def names_only_files_or_tests(paths: list[str]) -> bool:
+    """Whether the command line's paths (at least one) are all test files or test ids (``FILE::NAME``), no directory."""
+    return bool(paths) and all("::" in p or p.endswith(".py") for p in paths)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Run every test of the files or tests named on the command line, whatever its tier.
 
@@ -44,25 +49,8 @@ def pytest_configure(config: pytest.Config) -> None:
     given = config.invocation_params.args
     explicit_m = any(a == "-m" or (a.startswith("-m") and not a.startswith("--")) for a in given)
     paths = [a for a in config.args if not a.startswith("-")]
-    if (config.option.markexpr == FAST_TIER and not explicit_m and paths
-            and all("::" in a or Path(a.split("::")[0]).suffix == ".py" for a in paths)):
+    if config.option.markexpr == FAST_TIER and not explicit_m and names_only_files_or_tests(paths):
         config.option.markexpr = ""
-
-#: A small configuration: mnist-5k (4,000 training images), alexnet cut 2,
-#: few clients and iterations. Tests override what they need.
-TINY = {
-    "strategy": "splitfed-v1",
-    "dataset": "mnist-5k",
-    "model": "alexnet",
-    "cut-layer": 2,
-    "num-clients": 2,
-    "concurrency": 2,
-    "partition": "iid",
-    "global-iterations": 1,
-    "local-iterations": 2,
-    "batch-size": 8,
-    "seed": 0,
-}
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,15 @@ def test_the_fast_tier_is_the_default_and_leaves_out_e2e_and_slow():
     assert f'-m "{FAST_TIER}"' in ini["addopts"] and FAST_TIER == "not e2e and not slow"
 
 
+def test_a_file_or_test_named_runs_whatever_its_tier():
+    from tests.conftest import names_only_files_or_tests
+
+    assert names_only_files_or_tests(["tests/test_deploy.py"])
+    assert names_only_files_or_tests(["tests/test_fab.py::test_flwr_run_runs_the_built_fab_in_simulation", "t/x.py"])
+    assert not names_only_files_or_tests(["tests"]) and not names_only_files_or_tests([])
+    assert not names_only_files_or_tests(["tests/test_deploy.py", "tests/"])
+
+
 def test_ci_builds_the_docs_strictly_before_the_tests():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     build = [i for i, line in enumerate(ci) if line.startswith("mkdocs build") and "--strict" in line]
