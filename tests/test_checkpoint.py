@@ -59,13 +59,14 @@ def _columns(path: Path) -> dict[str, list[str]]:
 
 
 def _same_metrics(resumed: Path, reference: Path) -> None:
-    """Every column but ``wall_time_s`` equal, cell by cell; ``test_accuracy`` byte-identical."""
+    """Every column but ``wall_time_s`` equal, cell by cell; ``test_accuracy`` byte-identical. A failure lists
+    every differing cell (column, row, resumed, reference), not only the first column's."""
     a, b = _columns(resumed), _columns(reference)
     assert list(a) == list(b)
-    assert a["test_accuracy"] == b["test_accuracy"]
-    for name in a:
-        if name != "wall_time_s":
-            assert a[name] == b[name], name
+    assert len(a["test_accuracy"]) == len(b["test_accuracy"])
+    differ = [(name, row, x, y) for name in a if name != "wall_time_s"
+              for row, (x, y) in enumerate(zip(a[name], b[name])) if x != y]
+    assert not differ, differ
 
 
 def _reference(tmp_path: Path, cfg: dict) -> Path:
