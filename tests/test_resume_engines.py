@@ -136,6 +136,7 @@ class _LosesNode:
         return client_app(msg, ctx)
 
 
+@pytest.mark.slow  # a rolled-back run and a reference run
 @pytest.mark.parametrize("strategy", ["gas", "splitfed-v1"])
 def test_a_lost_node_rolls_the_run_back_to_its_checkpoint(tmp_path, strategy):
     """node-loss=rollback: the run goes back to its last checkpoint, restores every client's state (the lost
