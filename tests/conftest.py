@@ -53,6 +53,23 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.markexpr = ""
 
 
+#: A small configuration: mnist-5k (4,000 training images), alexnet cut 2,
+#: few clients and iterations. Tests override what they need.
+TINY = {
+    "strategy": "splitfed-v1",
+    "dataset": "mnist-5k",
+    "model": "alexnet",
+    "cut-layer": 2,
+    "num-clients": 2,
+    "concurrency": 2,
+    "partition": "iid",
+    "global-iterations": 1,
+    "local-iterations": 2,
+    "batch-size": 8,
+    "seed": 0,
+}
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One intra-op torch thread for a module: its runs are tiny, and on a loaded
