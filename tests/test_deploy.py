@@ -205,6 +205,7 @@ def _run_with_dead_node(clock: str, monkeypatch: pytest.MonkeyPatch, tmp_path: P
         return run_server(grid, plan_run(cfg), progress=False), handshakes
 
 
+@pytest.mark.slow  # a whole GAS run (AlexNet) on the wall clock that waits for a dead node to be re-admitted
 def test_dead_supernode_is_readmitted_after_a_fresh_handshake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     summary, handshakes = _run_with_dead_node("wall", monkeypatch, tmp_path)
     assert summary["status"] == "completed" and summary["failed_clients"] == [2]
@@ -214,6 +215,7 @@ def test_dead_supernode_is_readmitted_after_a_fresh_handshake(monkeypatch: pytes
     assert handshakes == {0: 1, 1: 2, 2: 1}
 
 
+@pytest.mark.slow  # a whole GAS run (AlexNet) with a dead node
 def test_no_readmission_on_the_virtual_clock(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     summary, handshakes = _run_with_dead_node("virtual", monkeypatch, tmp_path)
     assert summary["status"] == "completed" and summary["failed_clients"] == [1, 2]
