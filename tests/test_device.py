@@ -64,6 +64,7 @@ def test_partition_command_round_trips(parts):
         assert meta["label-histogram"] == task.histogram(k).tolist()
 
 
+@pytest.mark.slow  # writes the whole Fashion-MNIST training set out as five partitions
 def test_partition_command_shard_with_data_dir(tmp_path, fmnist_dir):
     """A file dataset (data-dir) and another scheme; the same partitions as the simulation's."""
     from fl_app.data import load_device_dataset
