@@ -154,6 +154,7 @@ def test_handshake_reports_the_nodes_own_files(parts, tmp_path, server_identity,
         assert int(grid.contexts[nid].state[IDENTITY_KEY]["partition-id"]) == by_node[nid].partition_id
 
 
+@pytest.mark.slow  # four whole runs: two strategies, simulated and on device data
 def test_device_run_equals_the_simulation(parts, tmp_path):
     """Nodes given partition K's files and partition-id=K train exactly like simulated client K:
     the same metrics, to the bit; the server evaluates on its own test set."""
