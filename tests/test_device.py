@@ -177,6 +177,7 @@ def test_device_run_equals_the_simulation(parts, tmp_path):
         assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b], strategy
 
 
+@pytest.mark.slow  # a whole GAS run (AlexNet) on device data
 def test_device_nodes_without_ids_train(parts, tmp_path):
     """Nodes with only data-dir (ids assigned by the server) train GAS to the end."""
     from simulation.server_app import plan_run
