@@ -109,6 +109,7 @@ def test_regulariser_modes_agree_when_the_hessian_is_the_identity():
         aligned_gradient(losses, [w], [0], lead, 0.1, "second")
 
 
+@pytest.mark.slow  # a learning run per mode (95-106 s under load)
 @pytest.mark.parametrize("mode", ["first-order", "exact"])
 def test_gapsl_runs_and_learns(mode, tmp_path):
     import json
