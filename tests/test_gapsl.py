@@ -194,6 +194,7 @@ def test_activation_gradients_go_to_eq8s_clients(who):
             assert torch.allclose(got[p], own[p], atol=1e-7), p
 
 
+@pytest.mark.slow  # a GAPSL run (67 s under load)
 def test_unselected_clients_take_no_step(server_identity, one_torch_thread, monkeypatch):
     """A client outside Ŝ gets no gradient message: only its next forward, then its weights unmetered;
     its client-side model never moves, and it downloads nothing."""
