@@ -496,7 +496,6 @@ def two_runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow  # two whole GAS runs compared (60 s under load)
 def test_gas_run_is_reproducible(two_runs):
     (s1, rows1), (s2, rows2) = two_runs
     assert s1["status"] == s2["status"] == "completed"
