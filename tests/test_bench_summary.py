@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.summary import table
 
 
@@ -53,6 +55,7 @@ def test_side_by_side_alternates_old_and_new_in_their_own_trees(tmp_path):
     assert (old_src / "strategies" / "core" / "base.py").is_file()  # HEAD's tree, extracted
 
 
+@pytest.mark.e2e  # the ring benchmark in two processes: HEAD's extracted tree and this checkout
 def test_ring_against_head_gives_the_same_round(shared_data, tmp_path):
     """``sflower bench ring --against HEAD`` on 2 steps: both sides run, with the same losses and exchanges."""
     from benchmarks.ring import ring_against

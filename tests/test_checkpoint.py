@@ -59,13 +59,14 @@ def _columns(path: Path) -> dict[str, list[str]]:
 
 
 def _same_metrics(resumed: Path, reference: Path) -> None:
-    """Every column but ``wall_time_s`` equal, cell by cell; ``test_accuracy`` byte-identical."""
+    """Every column but ``wall_time_s`` equal, cell by cell; ``test_accuracy`` byte-identical. A failure lists
+    every differing cell (column, row, resumed, reference), not only the first column's."""
     a, b = _columns(resumed), _columns(reference)
     assert list(a) == list(b)
-    assert a["test_accuracy"] == b["test_accuracy"]
-    for name in a:
-        if name != "wall_time_s":
-            assert a[name] == b[name], name
+    assert len(a["test_accuracy"]) == len(b["test_accuracy"])
+    differ = [(name, row, x, y) for name in a if name != "wall_time_s"
+              for row, (x, y) in enumerate(zip(a[name], b[name])) if x != y]
+    assert not differ, differ
 
 
 def _reference(tmp_path: Path, cfg: dict) -> Path:
@@ -75,6 +76,7 @@ def _reference(tmp_path: Path, cfg: dict) -> Path:
     return out / "metrics.csv"
 
 
+@pytest.mark.e2e  # a real sflower run process, SIGKILLed
 def test_gas_sigkill_after_iteration_3_resumes_identically(tmp_path, capsys):
     """SIGKILL a GAS run (a real subprocess) after checkpoint 3 of 6; the resumed metrics equal an uninterrupted run's."""
     cfg = {**BASE, "strategy": "gas", "checkpoint-every": 3}
@@ -119,6 +121,7 @@ def _kill_after_row(monkeypatch, iteration: int) -> None:
     monkeypatch.setattr(RunRecorder, "append", append_then_stop)
 
 
+@pytest.mark.slow  # three whole runs (killed, resumed, reference) per case
 @pytest.mark.parametrize("strategy, extra", [("splitfed-v1", {}), ("fedbuff", {}),
                                              ("splitfed-v1", {"cut-layers": "2,9"})])  # U-shaped: tail slots
 def test_resume_after_later_rows_identical(tmp_path, monkeypatch, strategy, extra):
@@ -135,6 +138,7 @@ def test_resume_after_later_rows_identical(tmp_path, monkeypatch, strategy, extr
     _same_metrics(run_dir / "metrics.csv", _reference(tmp_path, cfg))
 
 
+@pytest.mark.slow  # two whole runs
 def test_checkpointing_changes_no_number(tmp_path):
     """A run that writes checkpoints gives the metrics of one that does not."""
     cfg = {**BASE, "strategy": "fedbuff", "global-iterations": 3}
@@ -191,6 +195,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     assert ckpt.read(path) == ({"global_iteration": 3}, b"state-3")
 
 
+@pytest.mark.slow  # three whole runs
 def test_checkpoint_older_than_a_key_resumes(tmp_path, monkeypatch):
     """A checkpoint written before a key existed (its config lacks it) resumes when the key has its
     default, and ends where an uninterrupted run does."""
@@ -314,6 +319,7 @@ def test_codec_keeps_sharing_and_refuses_unknown_types_when_writing():
 _COVERED = ("gas", "splitfed-v1", "fedbuff")  # resumed by the tests above
 
 
+@pytest.mark.slow  # three whole runs per strategy
 @pytest.mark.parametrize("strategy", [n for n in strategy_names() if n not in _COVERED])
 def test_every_strategy_writes_and_resumes_its_state(tmp_path, monkeypatch, strategy):
     """Each other strategy's state goes through the codec (a type outside its allowlist fails the write)

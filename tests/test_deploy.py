@@ -91,6 +91,7 @@ def _session_port_closed(run_dir: Path) -> bool:
     return False
 
 
+@pytest.mark.e2e
 @needs_flower
 def test_splitfed_v1_three_supernodes_tls_auth(tmp_path: Path) -> None:
     summary, run_dir = _deploy(tmp_path, nodes="3", strategy="splitfed-v1", tls="true", auth="true")
@@ -100,6 +101,7 @@ def test_splitfed_v1_three_supernodes_tls_auth(tmp_path: Path) -> None:
     assert "--enable-supernode-auth" in (run_dir / "logs" / "superlink.log").read_text()
 
 
+@pytest.mark.e2e
 @needs_flower
 def test_gas_with_an_unauthorised_supernode(tmp_path: Path) -> None:
     summary, run_dir = _deploy(tmp_path, nodes="3", intruders="1", strategy="gas",
@@ -112,6 +114,7 @@ def test_gas_with_an_unauthorised_supernode(tmp_path: Path) -> None:
     assert summary["failure_reasons"] == {"3": "query.info: no node joined"}
 
 
+@pytest.mark.e2e
 @needs_flower
 def test_a_node_killed_mid_session_is_excluded_and_the_run_finishes(tmp_path: Path) -> None:
     """SIGKILL of a SuperNode (and its ClientApp) mid-session: the client is excluded as unavailable (so it may be
@@ -202,6 +205,7 @@ def _run_with_dead_node(clock: str, monkeypatch: pytest.MonkeyPatch, tmp_path: P
         return run_server(grid, plan_run(cfg), progress=False), handshakes
 
 
+@pytest.mark.slow  # a whole GAS run (AlexNet) on the wall clock that waits for a dead node to be re-admitted
 def test_dead_supernode_is_readmitted_after_a_fresh_handshake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     summary, handshakes = _run_with_dead_node("wall", monkeypatch, tmp_path)
     assert summary["status"] == "completed" and summary["failed_clients"] == [2]
@@ -211,6 +215,7 @@ def test_dead_supernode_is_readmitted_after_a_fresh_handshake(monkeypatch: pytes
     assert handshakes == {0: 1, 1: 2, 2: 1}
 
 
+@pytest.mark.slow  # a whole GAS run (AlexNet) with a dead node
 def test_no_readmission_on_the_virtual_clock(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     summary, handshakes = _run_with_dead_node("virtual", monkeypatch, tmp_path)
     assert summary["status"] == "completed" and summary["failed_clients"] == [1, 2]
@@ -248,6 +253,7 @@ def test_fast_refuses_a_flower_it_cannot_patch(tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stderr.strip() == "sflower: fast=true: no longer sleeps", proc.stderr
 
 
+@pytest.mark.e2e
 @needs_flower
 def test_chaos_serverapp_and_a_supernode_killed_then_resumed_equals_in_process(tmp_path: Path) -> None:
     """The chaos test, short (issue 37): a deployed GAS run on the virtual clock over TLS sessions with node
@@ -323,6 +329,7 @@ def test_a_refused_supernode_is_started_again_until_it_is_let_in(tmp_path: Path,
     assert [e["event"] for e in faults.record()["events"]] == ["killed SuperNode (SIGKILL)", "restarted SuperNode"]
 
 
+@pytest.mark.e2e
 @needs_flower
 def test_ushaped_deployed_equals_in_process_and_no_reply_carries_labels(tmp_path: Path) -> None:
     """Issue 35: a label-private (U-shaped) run deployed on 3 SuperNodes (their own data directories) over TLS

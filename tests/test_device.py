@@ -64,6 +64,7 @@ def test_partition_command_round_trips(parts):
         assert meta["label-histogram"] == task.histogram(k).tolist()
 
 
+@pytest.mark.slow  # writes the whole Fashion-MNIST training set out as five partitions
 def test_partition_command_shard_with_data_dir(tmp_path, fmnist_dir):
     """A file dataset (data-dir) and another scheme; the same partitions as the simulation's."""
     from fl_app.data import load_device_dataset
@@ -153,6 +154,7 @@ def test_handshake_reports_the_nodes_own_files(parts, tmp_path, server_identity,
         assert int(grid.contexts[nid].state[IDENTITY_KEY]["partition-id"]) == by_node[nid].partition_id
 
 
+@pytest.mark.slow  # four whole runs: two strategies, simulated and on device data
 def test_device_run_equals_the_simulation(parts, tmp_path):
     """Nodes given partition K's files and partition-id=K train exactly like simulated client K:
     the same metrics, to the bit; the server evaluates on its own test set."""
@@ -175,6 +177,7 @@ def test_device_run_equals_the_simulation(parts, tmp_path):
         assert [[r[k] for k in keys] for r in a] == [[r[k] for k in keys] for r in b], strategy
 
 
+@pytest.mark.slow  # a whole GAS run (AlexNet) on device data
 def test_device_nodes_without_ids_train(parts, tmp_path):
     """Nodes with only data-dir (ids assigned by the server) train GAS to the end."""
     from simulation.server_app import plan_run

@@ -37,6 +37,7 @@ E2E = {
 }
 
 
+@pytest.mark.slow  # whole runs on Fashion-MNIST
 @pytest.mark.parametrize("strategy, overrides", [
     ("minibatch-sfl", {}), ("splitfed-v1", {}), ("vanilla-sl", {}),
     # PSL is evaluated as the mean over all clients of client_k ∘ server: every client trains
@@ -107,6 +108,7 @@ USHAPED_DEFENDED = {"cut_layers": "2,6", "label_defence": "iso", "label_noise": 
                     "act_clip": 50.0, "act_noise": 0.01, "privacy_record": True}
 
 
+@pytest.mark.e2e  # a Ray instance and its actor processes per run
 @pytest.mark.parametrize("strategy, extra", [(s, {}) for s in ["splitfed-v1", "gas", "psl", "gapsl", "mu-splitfed",
                                                                "ringsfl"]] + [("splitfed-v1", USHAPED_DEFENDED)],
                          ids=["splitfed-v1", "gas", "psl", "gapsl", "mu-splitfed", "ringsfl", "ushaped-defended"])

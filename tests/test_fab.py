@@ -21,7 +21,9 @@ import pytest
 from simulation.deploy.cluster import APP_DIR, OFFLINE_ENV, Deployment
 from simulation.deploy.processes import flower_binaries_missing
 
-pytestmark = pytest.mark.skipif(bool(flower_binaries_missing()), reason="Flower's binaries are not installed")
+# flwr build and flwr run: Flower's own processes
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(bool(flower_binaries_missing()), reason="Flower's binaries are not installed")]
 
 
 def build_fab(tmp_path: Path) -> Path:

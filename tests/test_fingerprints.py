@@ -17,6 +17,7 @@ from simulation.fingerprints import FINGERPRINTS, fingerprint
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.e2e  # python -m simulation.fingerprints check: four portable runs in a fresh process
 def test_the_committed_fingerprints_rerun_identically():
     """ZO, GAS, a synchronous split and RingSFL in portable mode, in a fresh process (CI's machine)."""
     env = {k: v for k, v in os.environ.items() if k not in PORTABLE_ENV}  # the module restarts itself with them

@@ -227,6 +227,7 @@ def test_fedbuff_flushes_after_exactly_k_uploads(tmp_path, monkeypatch):
     assert times[0] == 0.0 and 0 < times[1] <= times[2]
 
 
+@pytest.mark.slow  # a learning run on MNIST (86 s under load)
 def test_fedavg_learns_on_mnist(tmp_path):
     """Two rounds of 15 local iterations reach ~0.8 (measured 0.77-0.82 over seeds 0-2);
     an untrained model is at ~0.1."""

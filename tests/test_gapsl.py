@@ -109,6 +109,7 @@ def test_regulariser_modes_agree_when_the_hessian_is_the_identity():
         aligned_gradient(losses, [w], [0], lead, 0.1, "second")
 
 
+@pytest.mark.slow  # a learning run per mode (95-106 s under load)
 @pytest.mark.parametrize("mode", ["first-order", "exact"])
 def test_gapsl_runs_and_learns(mode, tmp_path):
     import json
@@ -193,6 +194,7 @@ def test_activation_gradients_go_to_eq8s_clients(who):
             assert torch.allclose(got[p], own[p], atol=1e-7), p
 
 
+@pytest.mark.slow  # a GAPSL run (67 s under load)
 def test_unselected_clients_take_no_step(server_identity, one_torch_thread, monkeypatch):
     """A client outside Ŝ gets no gradient message: only its next forward, then its weights unmetered;
     its client-side model never moves, and it downloads nothing."""

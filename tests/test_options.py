@@ -174,6 +174,7 @@ def _sflower(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Comp
                           timeout=600)
 
 
+@pytest.mark.e2e  # sflower run in subprocesses, one a whole AlexNet run
 def test_the_example_plugin_runs_from_its_own_package_and_the_users_keys_beat_the_preset(tmp_path):
     """Found by its entry point; listed by `sflower strategies`; a bad trim-fraction is one line and exit 2;
     a run completes with preset=mu-splitfed and model=alexnet given (the default: it still wins)."""

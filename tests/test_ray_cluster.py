@@ -35,6 +35,7 @@ def two_node_cluster():
         cluster.shutdown()
 
 
+@pytest.mark.e2e  # a two-node Ray cluster
 def test_run_on_a_two_node_cluster(two_node_cluster, tmp_path):
     from simulation.server_app import plan_run
     from simulation.engine import run_inprocess

@@ -33,21 +33,47 @@ def test_the_worked_example_strategy_learns(tmp_path):
     assert summary["final_accuracy"] >= 0.5, summary["final_accuracy"]
 
 
-def test_readme_gives_the_two_commands_and_ci_runs_its_test_command():
-    """The README's two commands (main job, tests) exist, and .ci/run calls the README's test command."""
+def test_readme_gives_the_two_commands_and_ci_runs_every_tier():
+    """The README's two commands (main job, tests) exist; its test command is the fast tier, followed by the
+    whole suite (``-m ""``); .ci/run runs the fast tier and then every test it leaves out."""
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## The two commands", 1)[1].split("\n## ", 1)[0]
     commands = re.findall(r"^pip install torch==2\.13\.0 && pip install -e \"\.\[dev\]\" && (.+)$", section, re.M)
     assert commands[0] == "sflower run", commands
-    test_command = commands[1]
+    fast = commands[1]
+    assert fast == "python -m pytest tests", commands
+    lines = section.splitlines()
+    assert lines[lines.index(next(ln for ln in lines if ln.endswith(f"&& {fast}"))) + 1] == f'{fast} -m ""'
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert test_command in ci, (test_command, ci)
+    runs = [ln.replace(" --durations=25", "") for ln in ci if ln.startswith(fast)]
+    assert runs == [fast, f'{fast} -m "e2e or slow"'], ci
+    assert all(ln.endswith("--durations=25") for ln in ci if ln.startswith(fast)), ci
+
+
+def test_the_fast_tier_is_the_default_and_leaves_out_e2e_and_slow():
+    """pyproject registers the ``e2e`` and ``slow`` markers and its addopts filter is the conftest's fast tier."""
+    import tomllib
+
+    from tests.conftest import FAST_TIER
+
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert {m.split(":", 1)[0] for m in ini["markers"]} >= {"e2e", "slow"}
+    assert f'-m "{FAST_TIER}"' in ini["addopts"] and FAST_TIER == "not e2e and not slow"
+
+
+def test_a_file_or_test_named_runs_whatever_its_tier():
+    from tests.conftest import names_only_files_or_tests
+
+    assert names_only_files_or_tests(["tests/test_deploy.py"])
+    assert names_only_files_or_tests(["tests/test_fab.py::test_flwr_run_runs_the_built_fab_in_simulation", "t/x.py"])
+    assert not names_only_files_or_tests(["tests"]) and not names_only_files_or_tests([])
+    assert not names_only_files_or_tests(["tests/test_deploy.py", "tests/"])
 
 
 def test_ci_builds_the_docs_strictly_before_the_tests():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     build = [i for i, line in enumerate(ci) if line.startswith("mkdocs build") and "--strict" in line]
-    tests = [i for i, line in enumerate(ci) if line == "python -m pytest tests"]
+    tests = [i for i, line in enumerate(ci) if line.startswith("python -m pytest tests")]
     assert build and tests and build[0] < tests[0], ci
 
 

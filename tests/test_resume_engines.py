@@ -136,6 +136,7 @@ class _LosesNode:
         return client_app(msg, ctx)
 
 
+@pytest.mark.slow  # a rolled-back run and a reference run
 @pytest.mark.parametrize("strategy", ["gas", "splitfed-v1"])
 def test_a_lost_node_rolls_the_run_back_to_its_checkpoint(tmp_path, strategy):
     """node-loss=rollback: the run goes back to its last checkpoint, restores every client's state (the lost
@@ -165,6 +166,7 @@ def _run_cli(*args: str, **kw) -> subprocess.Popen:
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
 
 
+@pytest.mark.e2e  # two sflower run engine=ray processes (Ray instances), one of them SIGKILLed
 @pytest.mark.parametrize("strategy", ["gas", "ringsfl"])
 def test_ray_run_sigkilled_after_a_checkpoint_resumes_identically(tmp_path, strategy):
     """SIGKILL a Ray run (its process group: the driver and Ray's workers) once checkpoint 3 of 6 is on disk;
