@@ -166,6 +166,16 @@ def _run_cli(*args: str, **kw) -> subprocess.Popen:
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
 
 
+def _reference_in_its_own_process(tmp_path, cfg: dict):
+    """An uninterrupted in-process run made like the runs it is compared with: ``sflower run`` in a fresh process
+    with :func:`_run_cli`'s environment (``OMP_NUM_THREADS=1``), not in the test process, whose torch thread count
+    and state earlier tests may have changed; returns its metrics.csv."""
+    out = tmp_path / "reference"
+    proc = _run_cli(*[f"{k}={v}" for k, v in cfg.items()], f"output-dir={out}")
+    assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-2000:]
+    return out / "metrics.csv"
+
+
 @pytest.mark.e2e  # two sflower run engine=ray processes (Ray instances), one of them SIGKILLed
 @pytest.mark.parametrize("strategy", ["gas", "ringsfl"])
 def test_ray_run_sigkilled_after_a_checkpoint_resumes_identically(tmp_path, strategy):
@@ -189,5 +199,5 @@ def test_ray_run_sigkilled_after_a_checkpoint_resumes_identically(tmp_path, stra
     assert not (run_dir / "summary.json").exists()
     resumed = _run_cli("engine=ray", f"resume={run_dir}")
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-2000:]
-    _same_metrics(run_dir / "metrics.csv", _reference(tmp_path, cfg))
+    _same_metrics(run_dir / "metrics.csv", _reference_in_its_own_process(tmp_path, cfg))
     assert len(_columns(run_dir / "metrics.csv")["global_iteration"]) == 7
