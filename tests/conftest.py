@@ -14,7 +14,7 @@
   ``python -m pytest tests`` is the fast tier; ``-m "e2e or slow"`` runs the
   rest and ``-m ""`` everything. :func:`pytest_configure` drops that default
   filter when every path on the command line is a file or a test
-  (``tests/test_deploy.py``, ``tests/test_x.py::test_y``): a test named runs
+  (``tests/test_deploy.py``, ``tests/test_gas.py::test_y``): a test named runs
   whatever its tier.
 """
 

@@ -322,6 +322,19 @@ def test_leakage_auc_on_hand_made_gradients():
     assert leakage_auc(grads, labels).norm == pytest.approx((0.0 + 1.0 + 0.5) / 3)
 
 
+def measure(cfg: RunConfig):
+    """Run ``cfg`` (U-shaped) in-process and score every gradient its clients returned (norm and direction
+    scoring, :class:`simulation.privacy.label_leakage.TailGradients` around the ClientApp)."""
+    from fl_app.client_app import app
+    from fl_app.task import load_task
+    from simulation.privacy.label_leakage import TailGradients
+
+    y = load_task(cfg).data.y_train.numpy()
+    recorder = TailGradients(app, lambda idx: y[idx])
+    run_inprocess(plan_run(cfg), progress=False, client_app=recorder)
+    return recorder.auc()
+
+
 LEAK = {"strategy": "splitfed-v1", "num-clients": 4, "concurrency": 4, "local-iterations": 5, "batch-size": 16,
         "global-iterations": 4, "lr": 0.05}
 
@@ -331,8 +344,6 @@ def test_label_inference_reads_the_labels_and_max_norm_blurs_them(tmp_path, cuts
     """The gradients U-shaped clients return at c2 give away their labels to direction scoring (measured on
     mnist-5k, seed 1: AUC 1.0 with the tail = the last block, cuts 2,11; 0.931 with 3 blocks, cuts 2,9);
     max-norm noise lowers it (0.931 at cuts 2,11, 0.905 at 2,9), not to chance."""
-    from simulation.privacy.label_leakage import measure
-
     cfg = {**BASE, **LEAK, "cut-layers": cuts, "output-dir": str(tmp_path)}
     auc = measure(RunConfig.from_mapping(cfg))
     assert auc.direction >= undefended and auc.samples == 4 * 4 * 5 * 16
@@ -401,7 +412,7 @@ def test_the_attack_reads_the_labels_off_what_the_server_recorded(tmp_path, caps
     direction scoring reads the labels (>= 0.85), iso noise at t = 4 brings it near chance (<= 0.65); a record
     that is not what a client sent is left out, and with none left the attack is one ConfigError."""
     from fl_app.errors import ConfigError
-    from simulation.privacy.label_leakage import attack_run, measure
+    from simulation.privacy.label_leakage import attack_run
     from simulation.privacy.attack import run_attack
 
     cfg = {**BASE, **LEAK, "privacy-record": True, "aux-holdout": 200}

@@ -44,7 +44,6 @@ from flwr.app import ConfigRecord, Context, Message
 
 from fl_app import protocol as P
 from fl_app.client.state import slot_key
-from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
 from fl_app.privacy import PRIVACY_DIR, read_tail_truth, tail_truth_path
 from fl_app.untrusted import read_json_table, read_npz
@@ -137,26 +136,6 @@ class TailGradients:
     def auc(self) -> LeakageAUC:
         """:func:`leakage_auc` of everything recorded."""
         return leakage_auc(np.concatenate(self.grads), np.concatenate(self.labels))
-
-
-def measure(cfg: RunConfig) -> LeakageAUC:
-    """Run ``cfg`` (a U-shaped configuration) in-process and attack every gradient its clients returned.
-
-    Raises:
-        ConfigError: ``cfg`` is not U-shaped (``cut-layers`` empty), or any check of ``plan_run``.
-    """
-    from fl_app.client_app import app
-    from fl_app.task import load_task
-    from simulation.engine import run_inprocess
-    from simulation.server_app import plan_run
-
-    if not cfg.get("cut-layers"):
-        raise ConfigError("label inference needs a U-shaped run (cut-layers=c1,c2): in a prefix split the "
-                          "server holds the labels already")
-    y = load_task(cfg).data.y_train.numpy()
-    recorder = TailGradients(app, lambda idx: y[idx])
-    run_inprocess(plan_run(cfg), progress=False, client_app=recorder)
-    return recorder.auc()
 
 
 def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None) -> dict:
