@@ -22,7 +22,7 @@ from torch import nn
 from fl_app import protocol as P
 from fl_app.client.node import Node, acknowledgement, node_and_config
 from fl_app.client.state import RNG_KEY, RNG_SEED
-from fl_app.label_defence import defence_generator, perturb
+from fl_app.label_defence import defence_generator, perturb, tail_backward
 from fl_app.live import committing
 from fl_app.models import fixed_rng
 from fl_app.privacy import NOISE_SEED, append_tail_truth
@@ -75,13 +75,22 @@ def train_forward(msg: Message, context: Context) -> Message:
     x.requires_grad_(not plan.own_data)
     model.train()
     with fixed_rng(seed, node.device):
-        loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
-    slot.apply_gradients(model, cfg)
-    if cfg.label_slot and start > 0 and node.cfg.label_defence != "none":  # U-shaped tail: before it leaves
-        x.grad = perturb(x.grad, node.cfg.label_defence, float(node.cfg.get("label-noise")),
-                         defence_generator(node.task.seed, node.partition_id,
-                                           int(node.config(RNG_KEY).get("forwards", 0))))
+        logits = model(x)
+        loss = nn.functional.cross_entropy(logits, y)
+    defended = cfg.label_slot and start > 0 and node.cfg.label_defence != "none"  # a U-shaped tail's defence
+    if defended:
+        defence = node.cfg.label_defence
+        strength = float(node.cfg.get("label-power" if defence == "marvell" else "label-noise"))
+        gen = defence_generator(node.task.seed, node.partition_id, int(node.config(RNG_KEY).get("forwards", 0)))
+        release = lambda g: perturb(g, defence, strength, gen, y)  # noqa: E731
+    if defended and node.cfg.get("label-defence-tail") == "perturbed":  # one perturbed ∂L/∂logits for both
+        tail_backward(logits, loss, release)
+        slot.apply_gradients(model, cfg)
+    else:
+        loss.backward()
+        slot.apply_gradients(model, cfg)
+        if defended:  # the tail stepped on the exact gradient; only what leaves is perturbed
+            x.grad = release(x.grad)
     if cfg.label_slot and start > 0 and node.cfg.get("privacy-record"):  # the label attack's ground truth
         append_tail_truth(str(node.cfg.get("output-dir")), node.partition_id, x.grad, y)
     content = P.record_dict({**_input_gradient_record(x, start),
