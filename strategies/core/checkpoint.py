@@ -62,8 +62,9 @@ LEGACY_CHECKPOINT_FILE = "checkpoint.pt"
 #: Version of the file layout; a file of another version is refused. 2: the strategy's state holds its
 #: collaborators (membership, exchange, metric log, checkpointer; issue 22) where 1 held their attributes.
 #: 3: JSON + safetensors instead of a pickle. 4: the clients' states by partition, fetched with ``query.checkpoint`` on
-#: every engine, where 3 held the in-process grid's node states.
-FORMAT = 4
+#: every engine, where 3 held the in-process grid's node states. 5: each client's state sealed on its node
+#: (:mod:`fl_app.client.sealing`), where 4 held it in the clear.
+FORMAT = 5
 #: The first bytes of a checkpoint file.
 MAGIC = b"SFLOWER-CHECKPOINT\n"
 
