@@ -18,8 +18,10 @@ here with SciPy's SLSQP (:func:`solve`). With ``u = v`` and ``p = ½`` the optim
 ``μ₀ = μ₁ = 0`` (all the power along ``û``), and the objective ``D²/(v + P)``: checked in the tests.
 
 The paper's own solver (its repository has no licence) was not used: this is implemented from the
-definitions above. sflower sets ``P = s·D²`` (``label-power=s``), the scale-free budget under which
-``D²/(v + P) ≤ 1/s``.
+definitions above. sflower sets ``P = s·D²`` (``label-power=s``), a budget that scales with the gradients:
+in the symmetric case the optimum's KL sum is then ``D²/(v + s·D²) ≤ 1/s`` whatever their size. (As far as
+we recall, the paper states its budget the same way, as a multiple of ``‖ḡ₁ − ḡ₀‖²``; its text was not at
+hand to check.)
 """
 
 from __future__ import annotations
