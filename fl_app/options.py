@@ -188,8 +188,15 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("label-defence", "none", "U-shaped: what the client does to the gradient its tail returns at c2 before "
            "it leaves: `none`, `max-norm` (Gaussian noise per sample so that every row's expected squared norm "
            "is the batch's largest), or `iso` (isotropic Gaussian noise whose expected squared norm is "
-           "`label-noise`² times the batch's largest row's); no DP claim", choices=("none", "max-norm", "iso"),
+           "`label-noise`² times the batch's largest row's), or `marvell` (Gaussian noise whose covariances for "
+           "each class minimise the leakage bound under the power budget `label-power`; more than two classes: "
+           "one-vs-rest, sflower's extension); no DP claim", choices=("none", "max-norm", "iso", "marvell"),
            source="Li et al., Label Leakage and Protection in Two-party Split Learning, ICLR 2022"),
+    Option("label-defence-tail", "exact", "U-shaped with a `label-defence`: what the client's tail steps on: `exact` "
+           "(the exact gradient; the defence perturbs only the returned ∂L/∂z, so the uploaded tail weights "
+           "carry the exact signal) or `perturbed` (the defence perturbs ∂L/∂logits and that one perturbed "
+           "gradient is back-propagated through the tail: the tail's step and the returned ∂L/∂z agree)",
+           choices=("exact", "perturbed")),
     Option("label-noise", 0.0, "`label-defence=iso`: t, the noise's scale relative to the batch's largest gradient "
            "row (each row gets N(0, t²·‖g_max‖²/d · I_d)); needs `label-defence=iso`", at_least=0,
            source="the isotropic-noise baseline of Li et al., ICLR 2022"),
@@ -197,6 +204,10 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "the server: a hidden init seed, AES-GCM-sealed uploads that the clients average themselves, "
            "federated evaluation (see \"Hide the client-side models from the server\")",
            source="SplitFed's fed server, Thapa et al., AAAI 2022, §3"),
+    Option("label-power", 0.0, "`label-defence=marvell`: s, the noise power budget P = s·‖ḡ₁ − ḡ₀‖² of each binary "
+           "problem (the squared distance between the two classes' mean gradients in the batch); needs "
+           "`label-defence=marvell`", at_least=0,
+           source="Marvell, Li et al., ICLR 2022, §4"),
     Option("num-clients", 20, "clients (partitions, SuperNodes)", at_least=1),
     Option("concurrency", 10, "clients training at once (C)", at_least=1),
     Option("partition", "shard", "`iid`, `dirichlet` (with `alpha`), `shard` (with `shards` = classes per client), `label-sorted` "

@@ -37,10 +37,12 @@ from tests.test_checkpoint import BASE, _columns, _reference, _same_metrics
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _handshaken_grid(num_nodes: int = 2) -> tuple[InProcessGrid, dict[int, int]]:
-    """An in-process grid whose nodes had the handshake; ``{partition id: node id}``."""
+def _handshaken_grid(num_nodes: int = 2, run_dir: Path | None = None) -> tuple[InProcessGrid, dict[int, int]]:
+    """An in-process grid whose nodes had the handshake (run directory ``run_dir``: where the nodes keep their
+    checkpoint keys); ``{partition id: node id}``."""
     grid = InProcessGrid(client_app, num_nodes, seed=3)
-    task = ConfigRecord(RunConfig.from_mapping({**BASE, "num-clients": num_nodes, "concurrency": 1}).as_dict())
+    out = {"output-dir": str(run_dir)} if run_dir is not None else {}
+    task = ConfigRecord(RunConfig.from_mapping({**BASE, "num-clients": num_nodes, "concurrency": 1, **out}).as_dict())
     node_of = {}
     for nid in grid.get_node_ids():
         (reply,) = grid.send_and_receive([Message(P.requests.query_info(task), nid, P.QUERY_INFO)])
@@ -48,23 +50,31 @@ def _handshaken_grid(num_nodes: int = 2) -> tuple[InProcessGrid, dict[int, int]]
     return grid, node_of
 
 
-def test_checkpoint_and_restore_actions_carry_the_whole_node_state(server_identity):
-    """``query.checkpoint`` returns every record of a node's state; ``query.restore`` replaces the whole state
-    (records the node had and the restored state lacks are gone)."""
-    grid, node_of = _handshaken_grid()
+def test_checkpoint_and_restore_actions_carry_the_whole_node_state(server_identity, tmp_path):
+    """``query.checkpoint`` returns every record of a node's state, sealed (opened with the node's key: the
+    same records); ``query.restore`` replaces the whole state (records the node had and the restored state
+    lacks are gone); a state that is not sealed is refused in one line and the node's state is kept."""
+    from fl_app.client.sealing import SEALED, node_key, unseal
+
+    grid, node_of = _handshaken_grid(run_dir=tmp_path)
     states = client_states.fetch(grid, node_of, timeout=30)
     assert set(states) == {0, 1}
     for pid, nid in node_of.items():
-        assert set(states[pid].keys()) == set(grid.contexts[nid].state.keys()) and P.TASK in states[pid]
+        assert list(states[pid].keys()) == [SEALED]
+        opened = unseal(states[pid], node_key(tmp_path / "nodes" / f"node-{pid}" / "checkpoint.key"), pid)
+        assert set(opened.keys()) == set(grid.contexts[nid].state.keys()) and P.TASK in opened
     grid.contexts[node_of[0]].state["stray"] = ConfigRecord({"x": 1})
     grid.contexts[node_of[1]].state["stray"] = ConfigRecord({"x": 2})
-    client_states.push(grid, node_of, {0: RecordDict({"only": ConfigRecord({"y": 3})}), 1: states[1]}, timeout=30)
-    assert list(grid.contexts[node_of[0]].state.keys()) == ["only"]
-    assert "stray" not in grid.contexts[node_of[1]].state and P.TASK in grid.contexts[node_of[1]].state
+    client_states.push(grid, node_of, {0: states[0], 1: states[1]}, timeout=30)
+    assert "stray" not in grid.contexts[node_of[0]].state and P.TASK in grid.contexts[node_of[0]].state
+    grid.contexts[node_of[0]].state["stray"] = ConfigRecord({"x": 1})
+    with pytest.raises(RunFailedError, match=r"^query.restore failed on client 0: .*not sealed[^\n]*$"):
+        client_states.push(grid, node_of, {0: RecordDict({"only": ConfigRecord({"y": 3})})}, timeout=30)
+    assert "stray" in grid.contexts[node_of[0]].state
 
 
-def test_a_failed_node_fails_the_fetch_in_one_line(server_identity):
-    grid, node_of = _handshaken_grid()
+def test_a_failed_node_fails_the_fetch_in_one_line(server_identity, tmp_path):
+    grid, node_of = _handshaken_grid(run_dir=tmp_path)
 
     def app(msg, ctx):
         if msg.metadata.message_type == P.QUERY_CHECKPOINT and ctx.node_id == node_of[1]:
@@ -77,10 +87,10 @@ def test_a_failed_node_fails_the_fetch_in_one_line(server_identity):
         client_states.fetch(grid, node_of, timeout=30)
 
 
-def test_drain_holds_delivery_until_release(server_identity):
+def test_drain_holds_delivery_until_release(server_identity, tmp_path):
     """While drained, queued requests are not delivered; the replies on the wire are pulled and wait in order;
     :meth:`release` delivers the queue."""
-    grid, node_of = _handshaken_grid(1)
+    grid, node_of = _handshaken_grid(1, run_dir=tmp_path)
     pushed: list[str] = []
     push = grid.push_messages
     grid.push_messages = lambda msgs: [pushed.append(m.metadata.message_type) or i for m in msgs for i in push([m])]

@@ -6,16 +6,22 @@ it leaves the node (after the cut's codecs): for each reply to the server
 by one) it looks for
 
 * a record named ``labels`` (:data:`fl_app.protocol.LABELS`), or a label
-  histogram in the handshake's ``info`` record, and
-* any integer array equal to the labels of a batch of the node's own data
-  that it holds (the last own batch of each model slot),
+  histogram in the handshake's ``info`` record,
+* any integer array (an array of an ArrayRecord, or a list of integers in a
+  ConfigRecord) equal to the labels of a batch of the node's own data that it
+  holds (the last own batch of each model slot), and
+* any such integer array equal to that batch's *indices* into the dataset
+  (which give its labels wherever the server holds the dataset),
 
-and appends one line per reply checked to
-``RUN_DIR/privacy/evaluator/audit-K.jsonl`` (``K`` the partition id; one
-write per reply, never read back on the node): ``{"reply": "train.forward",
-"label_record": false, "label_arrays": ["activations/y", ...]}``.
+in every reply, the checkpoint's (``query.checkpoint``) included (a sealed
+state, :mod:`fl_app.client.sealing`, is bytes, and passes), and appends one
+line per reply checked to ``RUN_DIR/privacy/evaluator/audit-K.jsonl`` (``K``
+the partition id; one write per reply, never read back on the node):
+``{"reply": "train.forward", "label_record": false, "label_arrays":
+["activations/y", ...], "index_arrays": ["slot.own.batch/indices", ...]}``.
 :func:`read_audit` sums a file into ``{"replies": n, "label_records":
-["train.forward", ...], "label_arrays": ["train.forward:labels/y", ...]}``. In a prefix split the server holds
+["train.forward", ...], "label_arrays": ["train.forward:labels/y", ...],
+"index_arrays": ["query.checkpoint:slot.own.batch/indices", ...]}``. In a prefix split the server holds
 the labels by construction, and the audit lists them; in a label-private
 (U-shaped) split it must find none. The file is written on the node itself,
 so the check holds on real devices (the evaluator collects it; the server
@@ -38,29 +44,51 @@ from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
 UNCHECKED = ("query.session",)
 
 
-def _own_labels(node: Node) -> list[np.ndarray]:
-    """The labels of every own-data batch the node's slots hold (int64 ``[B]`` each)."""
+def own_batches(node: Node) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``(labels, indices)`` of every own-data batch the node's slots hold (int64 ``[B]`` each, in slot order)."""
     y = node.task.data.y_train.numpy()
-    out = []
+    labels, indices = [], []
     for key, record in node.state.items():
         if key.startswith("slot.") and key.endswith(".batch") and isinstance(record, ConfigRecord):
             if int(record.get("start", 0)) == 0 and "indices" in record:
-                out.append(y[np.asarray(list(record["indices"]), dtype=np.int64)])
-    return out
+                idx = np.asarray(list(record["indices"]), dtype=np.int64)
+                indices.append(idx)
+                labels.append(y[idx])
+    return labels, indices
 
 
-def findings(reply: Message, labels: list[np.ndarray]) -> tuple[bool, list[str]]:
-    """``(has a labels record or a label histogram, ["record/array" of each integer array equal to one of
-    labels])`` of ``reply``."""
-    found = []
+def _integer_arrays(reply: Message):
+    """``("record/name", int array)`` of every integer array of ``reply``: ArrayRecords' integer arrays and
+    ConfigRecords' non-empty lists of integers (bytes, such as a sealed state, are not arrays)."""
     for key, record in reply.content.items():
         if isinstance(record, ArrayRecord):
             for name in record.keys():
                 arr = P.record_tensor(record, name).numpy()
-                if arr.dtype.kind in "iu" and any(arr.shape == y.shape and np.array_equal(arr, y) for y in labels):
-                    found.append(f"{key}/{name}")
+                if arr.dtype.kind in "iu":
+                    yield f"{key}/{name}", arr
+        elif isinstance(record, ConfigRecord):
+            for name, value in record.items():
+                if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool)
+                                                              for v in value):
+                    yield f"{key}/{name}", np.asarray(value, dtype=np.int64)
+
+
+def _equal_to_one(arr: np.ndarray, of: list[np.ndarray]) -> bool:
+    return any(arr.shape == ref.shape and np.array_equal(arr, ref) for ref in of)
+
+
+def findings(reply: Message, labels: list[np.ndarray],
+             indices: list[np.ndarray] | None = None) -> tuple[bool, list[str], list[str]]:
+    """``(has a labels record or a label histogram, ["record/array" of each integer array equal to one of
+    labels], ["record/array" of each integer array equal to one of indices])`` of ``reply``."""
+    found, index_found = [], []
+    for where, arr in _integer_arrays(reply):
+        if _equal_to_one(arr, labels):
+            found.append(where)
+        if _equal_to_one(arr, indices or []):
+            index_found.append(where)
     info = P.get_config(reply.content, P.INFO)
-    return P.LABELS in reply.content or (info is not None and P.INFO_LABEL_HISTOGRAM in info), found
+    return P.LABELS in reply.content or (info is not None and P.INFO_LABEL_HISTOGRAM in info), found, index_found
 
 
 def audit_path(run_dir: str | Path, partition_id: int) -> Path:
@@ -70,13 +98,13 @@ def audit_path(run_dir: str | Path, partition_id: int) -> Path:
 
 def read_audit(path: str | Path) -> dict:
     """The audit of one node, summed: ``{"replies": n, "label_records": [message type of each reply with a
-    labels record or a label histogram], "label_arrays": ["type:record/array", ...]}`` (a line cut short, as
-    by a killed node, is left out).
+    labels record or a label histogram], "label_arrays": ["type:record/array", ...], "index_arrays":
+    ["type:record/array", ...]}`` (a line cut short, as by a killed node, is left out).
 
     Raises:
         OSError: ``path`` cannot be read.
     """
-    total: dict = {"replies": 0, "label_records": [], "label_arrays": []}
+    total: dict = {"replies": 0, "label_records": [], "label_arrays": [], "index_arrays": []}
     for line in Path(path).read_text().splitlines():
         try:
             entry = json.loads(line)
@@ -86,6 +114,7 @@ def read_audit(path: str | Path) -> dict:
         if entry["label_record"]:
             total["label_records"].append(entry["reply"])
         total["label_arrays"] += [f"{entry['reply']}:{a}" for a in entry["label_arrays"]]
+        total["index_arrays"] += [f"{entry['reply']}:{a}" for a in entry.get("index_arrays", [])]
     return total
 
 
@@ -99,9 +128,10 @@ def label_audit(msg: Message, context: Context, call_next) -> Message:
     node = Node(context, need_id=False)
     if node.partition_id < 0:
         return reply
-    has_record, arrays = findings(reply, _own_labels(node))
+    has_record, arrays, index_arrays = findings(reply, *own_batches(node))
     path = audit_path(str(node.cfg.get("output-dir")), node.partition_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as fh:
-        fh.write(json.dumps({"reply": kind, "label_record": has_record, "label_arrays": arrays}) + "\n")
+        fh.write(json.dumps({"reply": kind, "label_record": has_record, "label_arrays": arrays,
+                             "index_arrays": index_arrays}) + "\n")
     return reply

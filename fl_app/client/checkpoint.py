@@ -7,7 +7,9 @@ docs/explanation/design.md §4. A node keeps all its state in ``context.state``
 sends them outside the dispatcher's queue, when nothing else is on the wire
 to the node (:mod:`strategies.core.client_states`), so the state is whole:
 the same on every engine (in-process, Ray's virtual SuperNodes, SuperNodes
-on devices, over Flower's messages or a session).
+on devices, over Flower's messages or a session). The state travels sealed
+(:mod:`fl_app.client.sealing`): AES-GCM under a key that stays on the node, so
+the server stores and returns a blob it cannot read.
 """
 
 from __future__ import annotations
@@ -15,21 +17,42 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from fl_app import protocol as P
+from fl_app.client.node import Node
+from fl_app.client.sealing import key_path, node_key, seal, unseal
 from fl_app.live import forget
 
 
+def _key_and_partition(context: Context) -> tuple[bytes, int]:
+    """The node's checkpoint key (made on first use, :func:`~fl_app.client.sealing.node_key`) and its partition id."""
+    node = Node(context)
+    return node_key(key_path(context, str(node.cfg.get("output-dir")), node.partition_id)), node.partition_id
+
+
 def query_checkpoint(msg: Message, context: Context) -> Message:
-    """``query.checkpoint``: reply with every record of the node's ``context.state`` (the records themselves;
-    the reply is encoded or copied on its way to the server, and the node replaces rather than mutates them)."""
-    return Message(RecordDict(dict(context.state.items())), reply_to=msg)
+    """``query.checkpoint``: reply with every record of the node's ``context.state``, sealed
+    (:func:`~fl_app.client.sealing.seal`: one ``sealed`` record the server cannot read).
+
+    Raises:
+        SealError: the node's key cannot be read or made (one line, as the error reply's reason).
+    """
+    key, pid = _key_and_partition(context)
+    return Message(seal(RecordDict(dict(context.state.items())), key, pid), reply_to=msg)
 
 
 def query_restore(msg: Message, context: Context) -> Message:
-    """``query.restore``: replace the node's ``context.state`` with the request's records, and drop its live cache
-    (:mod:`fl_app.live`), which rebuilds its models from the restored state. Replies ``info`` ``{ok: True}``."""
+    """``query.restore``: replace the node's ``context.state`` with the state sealed in the request (opened with
+    the node's key, :func:`~fl_app.client.sealing.unseal`), and drop its live cache (:mod:`fl_app.live`), which
+    rebuilds its models from the restored state. Replies ``info`` ``{ok: True}``.
+
+    Raises:
+        SealError: the request is not a state this node sealed, or was changed (one line); the node's state
+            is then left as it was.
+    """
+    secret, pid = _key_and_partition(context)
+    restored = unseal(msg.content, secret, pid)
     forget(context.state)
     for key in list(context.state.keys()):
         del context.state[key]
-    for key, record in msg.content.items():
+    for key, record in restored.items():
         context.state[key] = record
     return Message(RecordDict({P.INFO: ConfigRecord({P.INFO_OK: True})}), reply_to=msg)

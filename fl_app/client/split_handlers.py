@@ -10,7 +10,10 @@ live graph (:mod:`fl_app.live`), then applies the received gradient: clipped
 and stepped at once, or accumulated (weighted) for a later ``train.step``.
 With a defence on (:mod:`fl_app.privacy`) the received gradient is w.r.t. the
 released (clipped, noisy) activations, back-propagated through the release,
-plus NoPeek's ``α·dCor`` term.
+plus NoPeek's ``α·dCor`` term. A U-shaped client's tail perturbs the gradient it
+returns with ``label-defence`` (:mod:`fl_app.label_defence`), after its own step
+on the exact gradient or, with ``label-defence-tail=perturbed``, before it, on
+``∂L/∂logits``, so that its step and what it returns agree.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch import nn
 from fl_app import protocol as P
 from fl_app.client.node import Node, acknowledgement, node_and_config
 from fl_app.client.state import RNG_KEY, RNG_SEED
-from fl_app.label_defence import defence_generator, perturb
+from fl_app.label_defence import defence_generator, perturb, tail_backward
 from fl_app.live import committing
 from fl_app.models import fixed_rng
 from fl_app.privacy import NOISE_SEED, append_tail_truth
@@ -75,13 +78,22 @@ def train_forward(msg: Message, context: Context) -> Message:
     x.requires_grad_(not plan.own_data)
     model.train()
     with fixed_rng(seed, node.device):
-        loss = nn.functional.cross_entropy(model(x), y)
-    loss.backward()
+        logits = model(x)
+        loss = nn.functional.cross_entropy(logits, y)
+    defended = cfg.label_slot and start > 0 and node.cfg.label_defence != "none"  # a U-shaped tail's defence
+    if defended:
+        defence = node.cfg.label_defence
+        strength = float(node.cfg.get("label-power" if defence == "marvell" else "label-noise"))
+        gen = defence_generator(node.task.seed, node.partition_id, int(node.config(RNG_KEY).get("forwards", 0)))
+        release = lambda g: perturb(g, defence, strength, gen, y)  # noqa: E731
+    on_logits = defended and node.cfg.get("label-defence-tail") == "perturbed"
+    if on_logits:  # one perturbed ∂L/∂logits gives both the tail's step and what it returns
+        tail_backward(logits, loss, release)
+    else:
+        loss.backward()
     slot.apply_gradients(model, cfg)
-    if cfg.label_slot and start > 0 and node.cfg.label_defence != "none":  # U-shaped tail: before it leaves
-        x.grad = perturb(x.grad, node.cfg.label_defence, float(node.cfg.get("label-noise")),
-                         defence_generator(node.task.seed, node.partition_id,
-                                           int(node.config(RNG_KEY).get("forwards", 0))))
+    if defended and not on_logits:  # the tail stepped on the exact gradient; only what leaves is perturbed
+        x.grad = release(x.grad)
     if cfg.label_slot and start > 0 and node.cfg.get("privacy-record"):  # the label attack's ground truth
         append_tail_truth(str(node.cfg.get("output-dir")), node.partition_id, x.grad, y)
     content = P.record_dict({**_input_gradient_record(x, start),

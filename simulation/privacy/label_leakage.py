@@ -151,7 +151,8 @@ def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None
         received: the server's record, if already open.
 
     Returns:
-        ``{"norm_auc", "direction_auc", "samples", "clients", "unmatched_clients", "label_defence", "label_noise"}``.
+        ``{"norm_auc", "direction_auc", "samples", "clients", "unmatched_clients", "label_defence", "label_noise",
+        "label_power", "label_defence_tail"}``.
 
     Raises:
         ConfigError: no recorded tail gradient, or none that matches a client's record (one line).
@@ -187,6 +188,7 @@ def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None
     auc = leakage_auc(np.concatenate(grads), np.concatenate(labels))
     result = {"norm_auc": auc.norm, "direction_auc": auc.direction, "samples": auc.samples, "clients": pids,
               "unmatched_clients": unmatched, "label_defence": config.get("label-defence", "none"),
-              "label_noise": float(config.get("label-noise", 0.0))}
+              "label_noise": float(config.get("label-noise", 0.0)), "label_power": float(config.get("label-power", 0.0)),
+              "label_defence_tail": config.get("label-defence-tail", "exact")}
     (run_dir / PRIVACY_DIR / LABELS_JSON).write_text(json.dumps(result, indent=2) + "\n")
     return result

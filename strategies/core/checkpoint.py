@@ -72,7 +72,8 @@ LEGACY_CHECKPOINT_FILE = "checkpoint.pt"
 #: collaborators (membership, exchange, metric log, checkpointer; issue 22) where 1 held their attributes.
 #: 3: JSON + safetensors instead of a pickle. 4: the clients' states by partition, fetched with ``query.checkpoint`` on
 #: every engine, where 3 held the in-process grid's node states. 5: the file ends with a SHA-256 digest of what
-#: precedes it (a truncated or altered file is refused before its state is parsed).
+#: precedes it (a truncated or altered file is refused before its state is parsed), and each client's state is
+#: sealed on its node (:mod:`fl_app.client.sealing`), where 4 held it in the clear.
 FORMAT = 5
 #: The first bytes of a checkpoint file.
 MAGIC = b"SFLOWER-CHECKPOINT\n"

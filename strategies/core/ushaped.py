@@ -62,14 +62,21 @@ def check_cut_layers(cls: type, cfg: RunConfig, task: Task) -> None:
 
     Raises:
         ConfigError: ``label-defence`` without ``cut-layers``; ``label-noise`` without ``label-defence=iso``
-            or ``iso`` without it; the strategy's ``ushaped_refusal`` is not
+            or ``iso`` without it; ``label-power`` and ``marvell`` likewise; ``label-defence-tail=perturbed``
+            without a defence; the strategy's ``ushaped_refusal`` is not
             empty; ``c2 > L - 1`` (the tail must hold at least the last block; ``1 <= c1 < c2`` is the key's
             own check); zeroth-order clients or server. One line.
     """
-    defence, t = cfg.get("label-defence"), float(cfg.get("label-noise"))
+    defence, t, s = cfg.get("label-defence"), float(cfg.get("label-noise")), float(cfg.get("label-power"))
     if (defence == "iso") != (t > 0):
         raise ConfigError(f"label-noise={t:g} goes with label-defence=iso, and iso needs label-noise > 0 "
                           f"(got label-defence={defence})")
+    if (defence == "marvell") != (s > 0):
+        raise ConfigError(f"label-power={s:g} goes with label-defence=marvell, and marvell needs label-power > 0 "
+                          f"(got label-defence={defence})")
+    if cfg.get("label-defence-tail") != "exact" and defence == "none":
+        raise ConfigError(f"label-defence-tail={cfg.get('label-defence-tail')} needs a label-defence "
+                          "(max-norm, iso or marvell)")
     cuts = parse_cut_layers(cfg.get("cut-layers"))
     if cuts is None:
         if cfg.get("label-defence") != "none":
