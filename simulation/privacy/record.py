@@ -35,6 +35,7 @@ import numpy as np
 from flwr.app import RecordDict
 
 from fl_app import protocol as P
+from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
 from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
 
@@ -180,6 +181,17 @@ def read_tail_events(run_dir: str | Path) -> dict[int, list[dict[str, Any]]] | N
     except (OSError, SafetensorError, ValueError, KeyError, TypeError, RecursionError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(f"{path}: unreadable tail record ({first})") from None
+
+
+def check_record(cfg: RunConfig) -> None:
+    """``privacy-record`` needs ``output-dir`` (the clients write the evaluator's files there).
+
+    Raises:
+        ConfigError: ``privacy-record=true`` without ``output-dir`` (one line).
+    """
+    if cfg.get("privacy-record") and not str(cfg.get("output-dir")):
+        raise ConfigError("privacy-record=true needs output-dir=RUN_DIR: the clients write the evaluator's "
+                          "ground truth there")
 
 
 def attach(strategy: Any, recorder: ReceivedActivations) -> None:
