@@ -53,7 +53,7 @@ name = "sflower-echo"
 version = "0.1.0"
 description = "Echo ClientApp: returns the message it receives (sflower deploy bench)"
 license = "Apache-2.0"
-dependencies = ["flwr==1.41.0"]
+dependencies = ["flwr>=1.42.0,<1.43"]
 
 [tool.setuptools]
 py-modules = ["sflower_echo"]

@@ -188,12 +188,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     :mod:`benchmarks.deploy` (run as a child program, :func:`_run_benchmarks`).
     """
     from simulation.deploy.options import parse_deploy_args
-    from simulation.deploy.processes import DeployError, flower_binaries_missing
+    from simulation.deploy.processes import FLOWER_REQUIREMENT, DeployError, flower_binaries_missing
     from simulation.deploy.run import deploy
 
     missing = flower_binaries_missing()
     if missing:
-        raise ConfigError(f"deploy needs Flower's {', '.join(missing)} (pip install 'flwr[simulation]>=1.41.0,<1.42')")
+        raise ConfigError(f"deploy needs Flower's {', '.join(missing)} (pip install '{FLOWER_REQUIREMENT}')")
     words = list(args.pairs)
     if words[:1] == ["bench"]:
         return _run_benchmarks(["deploy", *words[1:]])

@@ -197,7 +197,7 @@ def _placement_log() -> Any:
 def _prompt_delivery(wake: threading.Event) -> Iterator[None]:
     """Let Flower's simulation pick up pushed messages at once instead of on its 0.1 s poll.
 
-    flwr 1.41's ``vce_api.add_messages_to_queue`` scans the nodes for new
+    flwr 1.41 and 1.42's ``vce_api.add_messages_to_queue`` scans the nodes for new
     messages every 0.1 s (a fixed ``f_stop.wait(0.1)``), which delays every
     request by up to 0.1 s. For the duration of the run it is replaced by
     the same scan that waits on ``wake`` (set by each push, see
@@ -357,7 +357,8 @@ def placement_table(rows: Sequence[Sequence[Any]], nodes: Sequence[Mapping[str, 
 
 class _QuietDeprecation(logging.Filter):
     """Drops Flower's notice that ``run_simulation`` is deprecated (it is the engine's documented entry point
-    in 1.41, docs/explanation/design.md §4; the notice is printed twice per run and says nothing a user can act on)."""
+    in 1.41 and 1.42, docs/explanation/design.md §4; the notice is printed twice per run and says nothing a
+    user can act on)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "`run_simulation` function is deprecated" not in record.getMessage()

@@ -17,9 +17,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from flwr.supercore.fab_format_version import normalize_and_validate_fab_format
 
 from simulation.deploy.cluster import APP_DIR, OFFLINE_ENV, Deployment
-from simulation.deploy.processes import flower_binaries_missing
+from simulation.deploy.processes import FLOWER_REQUIREMENT, flower_binaries_missing
 
 # flwr build and flwr run: Flower's own processes
 pytestmark = [pytest.mark.e2e,
@@ -45,10 +46,13 @@ def test_fab_has_format_1_fields_license_and_code(tmp_path):
         assert "Apache License" in z.read("LICENSE").decode()
         project = tomllib.loads(z.read("pyproject.toml").decode())
     app = project["tool"]["flwr"]["app"]
-    assert app["fab-format-version"] == 1 and app["flwr-version-target"] == "1.41.0"
+    assert app["fab-format-version"] == 1 and app["flwr-version-target"] == "1.42.0"
     assert project["project"]["license"] == {"file": "LICENSE"}
     flwr_dep = [d for d in project["project"]["dependencies"] if d.startswith("flwr[")]
-    assert flwr_dep == ["flwr[simulation]>=1.41.0,<1.42"]
+    assert flwr_dep == ["flwr[simulation]>=1.42.0,<1.43"] == [FLOWER_REQUIREMENT]
+    # Flower's own FAB format check: the lower bound it derives and the target it keeps
+    meta = normalize_and_validate_fab_format(project)
+    assert (meta.fab_format_version, meta.flwr_version_min, meta.flwr_version_target) == (1, "1.42.0", "1.42.0")
     assert not any(n.startswith("tests/test_") for n in names)  # Flower leaves test files out
 
 

@@ -21,7 +21,7 @@ R = TypeVar("R", ArrayRecord, ConfigRecord)
 
 
 def _item_store(record: object) -> dict | None:
-    """The plain dict in which a Flower record keeps its items (flwr 1.41's ``TypedDict._data``), or None.
+    """The plain dict in which a Flower record keeps its items (flwr 1.41/1.42's ``TypedDict._data``), or None.
 
     Flower checks the type of every key and value it stores with two
     ``typing.cast(Callable[...])`` calls, each building a generic alias: about

@@ -10,7 +10,7 @@
   with ``node-loss=rollback`` has one to go back to.
 
 A killed SuperNode's key stays taken until the SuperLink sees its heartbeat
-lapse (up to 2 × 30 s in Flower 1.41); until then a restarted SuperNode is
+lapse (up to 2 × 30 s in Flower 1.41 and 1.42); until then a restarted SuperNode is
 refused (it logs :data:`REFUSED`), so it is stopped and started again every
 :data:`REJOIN_RETRY_S` seconds until it is let in (it logs :data:`JOINED`).
 * ``kill-server-after=S``: SIGKILL the ServerApp (and its ``flwr run``)
@@ -36,9 +36,9 @@ from simulation.deploy.processes import Proc
 
 #: Seconds between two starts of a killed SuperNode that the SuperLink did not let rejoin yet.
 REJOIN_RETRY_S = 2.0
-#: What a SuperNode logs once the SuperLink has activated it (Flower 1.41): it is back.
+#: What a SuperNode logs once the SuperLink has activated it (Flower 1.41, 1.42): it is back.
 JOINED = "SuperNode ID:"
-#: What a SuperNode logs when the SuperLink refuses to activate it (Flower 1.41, exit code 305, API error 2004);
+#: What a SuperNode logs when the SuperLink refuses to activate it (Flower 1.41, 1.42: exit code 305, API error 2004);
 #: the process does not always exit.
 REFUSED = "Failed to activate SuperNode"
 
@@ -119,7 +119,7 @@ class Faults:
                 del self.rejoining[pid]
             elif not proc.alive() or REFUSED in text:
                 # the SuperLink refuses the node's key while its killed predecessor counts as online (until its
-                # heartbeat lapses: up to 2 x 30 s in Flower 1.41): stop what is left of it and start it again
+                # heartbeat lapses: up to 2 x 30 s in Flower 1.41, 1.42): stop what is left of it and start it again
                 self.dep.processes.kill(proc)
                 del self.rejoining[pid]
                 self.refused.add(pid)

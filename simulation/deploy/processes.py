@@ -24,6 +24,10 @@ from typing import Any
 
 log = logging.getLogger("sflower.deploy")
 
+#: The Flower that sflower is pinned to (pyproject.toml), as a ``pip install`` argument for the messages
+#: that name it; tests/test_fab.py checks it against pyproject.toml.
+FLOWER_REQUIREMENT = "flwr[simulation]>=1.42.0,<1.43"
+
 
 class DeployError(RuntimeError):
     """The deployment failed (a process died, the run failed or timed out); one line."""
@@ -234,7 +238,7 @@ def flower_exe(name: str) -> str:
     """:func:`find_exe`, or DeployError when the script is not installed."""
     found = find_exe(name)
     if found is None:
-        raise DeployError(f"'{name}' not found: install flwr 1.41 (pip install 'flwr[simulation]>=1.41.0,<1.42')")
+        raise DeployError(f"'{name}' not found: install Flower (pip install '{FLOWER_REQUIREMENT}')")
     return found
 
 

@@ -42,7 +42,7 @@ def check_patchable(module: types.ModuleType) -> None:
 def supernode_main(argv: Sequence[str]) -> None:
     """Start ``flower-supernode ARGV`` with its idle sleeps capped at :data:`FAST_POLL_S` seconds.
 
-    Flower 1.41's SuperNode sleeps a hard-coded 3 s whenever a pull finds no
+    Flower 1.41 and 1.42's SuperNode sleeps a hard-coded 3 s whenever a pull finds no
     message (``flwr.supernode.start_client_internal``), and 0.5 s between
     checks for a ClientApp's reply; in a split exchange the node is idle
     between every pair of messages, so this sleep adds up to 3 s to each

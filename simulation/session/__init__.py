@@ -1,6 +1,6 @@
 """The session transport's server side (docs/explanation/design.md §4, "The session transport").
 
-In a deployment, Flower 1.41 starts a new ClientApp process for every
+In a deployment, Flower (1.41, 1.42) starts a new ClientApp process for every
 message (seconds each). A session carries all of a node's requests over one
 gRPC stream instead, served by one long-running ``query.session`` message:
 
