@@ -156,7 +156,8 @@ def unseal_state(key: bytes, blob: np.ndarray, aad: bytes) -> dict[str, torch.Te
     Raises:
         HiddenError: authentication fails.
     """
-    with np.load(io.BytesIO(unseal(key, np.asarray(blob, dtype=np.uint8).tobytes(), aad)), allow_pickle=False) as z:
+    plain = io.BytesIO(unseal(key, np.asarray(blob, dtype=np.uint8).tobytes(), aad))
+    with np.load(plain, allow_pickle=False) as z:
         return {k: torch.from_numpy(z[k].copy()) for k in z.files}
 
 
