@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from collections.abc import Sequence
 
-from fl_app.config import CORE_KEYS, RunConfig, parse_key_values
+from fl_app.config import CORE_KEYS, RunConfig, given_or_default, parse_key_values
 from fl_app.errors import ConfigError
 
 EXIT_CONFIG = 2
@@ -148,7 +148,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if unknown:
         raise ConfigError(f"evaluate takes {', '.join(EVALUATE_KEYS)}, not {', '.join(unknown)}")
     res = evaluate_saved_model(args.target, dataset=pairs.get("dataset"), data_dir=pairs.get("data-dir"),
-                               device=pairs.get("device", "auto"))
+                               device=given_or_default(pairs, "device"))
     meta = res["meta"]
     clients = f" (mean over {len(meta['clients'])} client models)" if meta.get("clients") else ""
     print(f"test_accuracy {res['test_accuracy']!r} test_loss {res['test_loss']!r}{clients} on {res['dataset']}'s "
@@ -422,14 +422,14 @@ def _numerics_of(args: argparse.Namespace) -> str:
         if "resume" in pairs and "numerics" not in pairs:
             saved = Path(pairs["resume"]) / "config.json"
             config = json.loads(saved.read_text()).get("config", {}) if saved.is_file() else {}
-            return str(config.get("numerics", "fast"))
-        return pairs.get("numerics", "fast")
+            return str(given_or_default(config, "numerics"))
+        return str(given_or_default(pairs, "numerics"))
     if args.command == "deploy" and args.pairs[:1] != ["bench"]:  # its SuperLink and SuperNodes inherit the environment
-        return parse_key_values(list(args.pairs)).get("numerics", "fast")
+        return str(given_or_default(parse_key_values(list(args.pairs)), "numerics"))
     if args.command == "sweep":
         from simulation.sweep import expand, load_sweep, run_config
 
-        modes = {str(run_config(run).get("numerics", "fast")) for run in expand(load_sweep(args.file))}
+        modes = {str(given_or_default(run_config(run), "numerics")) for run in expand(load_sweep(args.file))}
         if len(modes) > 1:
             raise ConfigError(f"{args.file}: a sweep runs in one numerics mode; its runs ask for {', '.join(sorted(modes))}")
         return modes.pop() if modes else "fast"

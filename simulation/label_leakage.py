@@ -149,7 +149,7 @@ def measure(cfg: RunConfig) -> LeakageAUC:
     from simulation.engine import run_inprocess
     from simulation.server_app import plan_run
 
-    if not cfg.get("cut-layers"):
+    if not cfg.ushaped:
         raise ConfigError("label inference needs a U-shaped run (cut-layers=c1,c2): in a prefix split the "
                           "server holds the labels already")
     y = load_task(cfg).data.y_train.numpy()
@@ -174,18 +174,19 @@ def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None
         ``{"norm_auc", "direction_auc", "samples", "clients", "unmatched_clients", "label_defence", "label_noise"}``.
 
     Raises:
-        ConfigError: no recorded tail gradient, or none that matches a client's record (one line).
+        ConfigError: no recorded tail gradient, or none that matches a client's record, or a
+            ``config.json`` that no longer resolves (one line).
     """
     from simulation.privacy.record import RECEIVED_FILE
 
     run_dir = Path(run_dir)
-    config = json.loads((run_dir / "config.json").read_text())["config"]
+    cfg = RunConfig.from_mapping(json.loads((run_dir / "config.json").read_text())["config"])
     if received is None:
         path = run_dir / PRIVACY_DIR / RECEIVED_FILE
         if not path.is_file():
             raise ConfigError(f"{run_dir}: no {PRIVACY_DIR}/{RECEIVED_FILE} (run with privacy-record=true)")
         received = np.load(path)
-    lossless = config.get("compress-up", "none") == "none"
+    lossless = cfg.lossless_up
     grads, labels, pids, unmatched = [], [], [], []
     for name in sorted((n for n in received.files if n.startswith("g-")), key=lambda n: (len(n), n)):
         pid, got = int(name[2:]), received[name]
@@ -204,7 +205,7 @@ def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None
                           "privacy-record=true and output-dir=RUN_DIR records them)")
     auc = leakage_auc(np.concatenate(grads), np.concatenate(labels))
     result = {"norm_auc": auc.norm, "direction_auc": auc.direction, "samples": auc.samples, "clients": pids,
-              "unmatched_clients": unmatched, "label_defence": config.get("label-defence", "none"),
-              "label_noise": float(config.get("label-noise", 0.0))}
+              "unmatched_clients": unmatched, "label_defence": cfg.label_defence,
+              "label_noise": float(cfg.label_noise)}
     (run_dir / PRIVACY_DIR / LABELS_JSON).write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -49,7 +49,6 @@ from fl_app import protocol as P
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
 from fl_app.models import BlockModel, split_model
-from fl_app.options import parse_cut_layers
 from fl_app.task import Task
 from strategies.core.base import SFLStrategy
 
@@ -70,7 +69,7 @@ def check_cut_layers(cls: type, cfg: RunConfig, task: Task) -> None:
     if (defence == "iso") != (t > 0):
         raise ConfigError(f"label-noise={t:g} goes with label-defence=iso, and iso needs label-noise > 0 "
                           f"(got label-defence={defence})")
-    cuts = parse_cut_layers(cfg.get("cut-layers"))
+    cuts = cfg.cuts
     if cuts is None:
         if cfg.get("label-defence") != "none":
             raise ConfigError(f"label-defence={cfg.get('label-defence')} needs a U-shaped split (cut-layers=c1,c2): "
@@ -127,7 +126,7 @@ class LabelPrivateSplit(SFLStrategy):
     @property
     def cuts(self) -> tuple[int, int] | None:
         """``(c1, c2)`` of a U-shaped run, None for a prefix split."""
-        return parse_cut_layers(self.cfg.get("cut-layers"))
+        return self.cfg.cuts
 
     @property
     def label_slot(self) -> str:
