@@ -19,18 +19,10 @@ from collections.abc import Sequence
 
 from fl_app.config import CORE_KEYS, RunConfig, given_or_default, parse_key_values
 from fl_app.errors import ConfigError
+from fl_app.options import core_option
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
-
-
-def _split_engine(pairs: dict[str, str]) -> tuple[str, dict[str, str]]:
-    from simulation.engine import ENGINES
-
-    engine = pairs.pop("engine", "inprocess")
-    if engine not in ENGINES:
-        raise ConfigError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
-    return engine, pairs
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -63,11 +55,12 @@ def _run(args: argparse.Namespace) -> int:
 
     from simulation.server_app import plan_run, resume_pairs
     from simulation.engine import run_inprocess
-    from simulation.ray_engine import pop_engine_options, run_ray
+    from simulation.engine_options import pop_engine_options, split_engine
+    from simulation.ray_engine import run_ray
     from strategies.core import checkpoint as ckpt
     from strategies.core.base import DivergedError, RunFailedError
 
-    engine, pairs = _split_engine(parse_key_values(args.pairs))
+    engine, pairs = split_engine(parse_key_values(args.pairs))
     engine_options = pop_engine_options(engine, pairs)  # ray-address, ray-cpus, ray-gpus
     resume = pairs.pop("resume", None)
     if resume is not None:
@@ -130,7 +123,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The options of ``sflower evaluate`` besides the run directory.
+#: The options of ``sflower evaluate`` besides the run directory: core keys, parsed and checked by their
+#: :class:`~fl_app.options.Option` (``dataset`` and ``data-dir`` absent: the run's own).
 EVALUATE_KEYS = ("dataset", "data-dir", "device")
 
 
@@ -147,6 +141,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     unknown = sorted(set(pairs) - set(EVALUATE_KEYS))
     if unknown:
         raise ConfigError(f"evaluate takes {', '.join(EVALUATE_KEYS)}, not {', '.join(unknown)}")
+    for key, raw in pairs.items():
+        pairs[key] = core_option(key).coerce(raw)
+        core_option(key).validate(pairs[key])
     res = evaluate_saved_model(args.target, dataset=pairs.get("dataset"), data_dir=pairs.get("data-dir"),
                                device=given_or_default(pairs, "device"))
     meta = res["meta"]

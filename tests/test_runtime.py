@@ -1010,6 +1010,8 @@ BAD_INPUTS = {
     "unknown model": {"model": "resnet999"},
     "unknown heterogeneity": {"heterogeneity": "quantum"},
     "zero node timeout": {"node-timeout": 0},
+    "a key of another strategy": {"strategy": "fedavg", "client-momentum": "shared"},
+    "a preset of another strategy": {"preset": "gas-reference", "strategy": "fedavg"},
 }
 
 
