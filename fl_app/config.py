@@ -8,6 +8,13 @@ defaults, types and checks from them. ``pyproject.toml``'s
 is generated from the same declarations: ``sflower keys --write``; a test
 keeps it equal.
 
+A run reads the core keys and its strategy's (:func:`strategy_reads`); a key
+of another strategy set to a value other than its default is an error, the
+same rule for built-in strategies and plugins (docs/reference/config.md,
+"Which keys a run takes"). A preset names its strategy; applied to another,
+it needs ``preset-any-strategy=true``. Derived values (``cuts``, ``ushaped``,
+``lossless_up``) are :class:`RunConfig` properties, read nowhere else.
+
 Keys are written with hyphens, as Flower does (``num-clients``);
 :class:`RunConfig` exposes them as attributes with underscores
 (``cfg.num_clients``).
