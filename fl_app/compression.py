@@ -72,12 +72,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from fl_app.codec_names import CODECS as CODECS  # re-exported: the codec names (compress-up, compress-down)
 from fl_app.errors import ConfigError
 
 #: Separator of a tensor's name and the name of one of its encoded parts.
 SEP = "::"
-#: The codec names of ``compress-up`` / ``compress-down``.
-CODECS = ("none", "fp16", "bf16", "int8", "int8-channel", "topk")
 _QMIN, _QMAX = -128, 127
 
 

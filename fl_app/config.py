@@ -8,6 +8,13 @@ defaults, types and checks from them. ``pyproject.toml``'s
 is generated from the same declarations: ``sflower keys --write``; a test
 keeps it equal.
 
+A run reads the core keys and its strategy's (:func:`strategy_reads`); a key
+of another strategy set to a value other than its default is an error, the
+same rule for built-in strategies and plugins (docs/reference/config.md,
+"Which keys a run takes"). A preset names its strategy; applied to another,
+it needs ``preset-any-strategy=true``. Derived values (``cuts``, ``ushaped``,
+``lossless_up``) are :class:`RunConfig` properties, read nowhere else.
+
 Keys are written with hyphens, as Flower does (``num-clients``);
 :class:`RunConfig` exposes them as attributes with underscores
 (``cfg.num_clients``).
@@ -26,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_app.errors import ConfigError
-from fl_app.options import CORE_OPTIONS, Option, parse_cut_layers
-from fl_app.plugins import installed_options, options_of, strategy_class
+from fl_app.options import CORE_OPTIONS, Option, core_option, parse_cut_layers
+from fl_app.plugins import installed_options, options_of, strategy_class, strategy_names
 
 #: The core keys, in declaration order.
 CORE_KEYS: tuple[str, ...] = tuple(opt.key for opt in CORE_OPTIONS)
@@ -55,6 +62,16 @@ def defaults() -> dict[str, Any]:
     return {key: opt.default for key, opt in installed_declarations(builtin_only=True).items()}
 
 
+def given_or_default(pairs: Mapping[str, Any], key: str) -> Any:
+    """``pairs[key]`` as given (a command line's pairs, a saved ``config.json``, a sweep's run), else the
+    declared default of core key ``key``: the one place a raw mapping's missing key takes its default.
+
+    Raises:
+        KeyError: ``key`` is not a core key.
+    """
+    return pairs[key] if key in pairs else core_option(key).default
+
+
 def preset_names() -> list[str]:
     """The presets of :data:`PRESET_DIR`, sorted."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
@@ -79,6 +96,9 @@ def preset_values(name: str) -> dict[str, Any]:
     nested = [k for k, v in table.items() if isinstance(v, dict)]
     if nested:
         raise ConfigError(f"preset {path}: expected flat run-config keys, found table(s) {', '.join(nested)}")
+    if not isinstance(table.get("strategy"), str) or not table["strategy"]:
+        raise ConfigError(f"preset {path}: names no strategy (add a line strategy = \"NAME\": the strategy it is "
+                          "made for)")
     return {str(k): v for k, v in table.items()}
 
 
@@ -125,13 +145,16 @@ class RunConfig:
                 raise ConfigError(f"{key} is given twice, as {keyed[key]!r} and in strategy-options as {value!r}")
             keyed.setdefault(key, value)
         explicit = set(keyed) if given is None else {str(k).replace("_", "-") for k in given} | set(extra)
+        core = {opt.key: opt for opt in CORE_OPTIONS}
         preset = str(keyed.get("preset", "") or "")
+        applied = {k: v for k, v in preset_values(preset).items() if k not in explicit} if preset else {}
+        name = str(applied.get("strategy", keyed.get("strategy", core["strategy"].default)))
+        chosen = strategy_class(name)
+        reads = strategy_reads(chosen)
         if preset:
-            for key, value in preset_values(preset).items():
-                if key not in explicit:
-                    keyed[key] = value
-        declared = {opt.key: opt for opt in CORE_OPTIONS}
-        chosen = strategy_class(str(keyed.get("strategy", declared["strategy"].default)))
+            applied = _preset_keys(preset, applied, keyed, reads, chosen.name)
+        keyed.update(applied)
+        declared = dict(core)
         declared.update(installed_declarations(builtin_only=True))  # pyproject.toml's keys
         for opt in options_of(chosen):  # a plugin's own keys (built-in ones are declared already)
             if opt.key in declared and declared[opt.key] is not opt and opt.key in CORE_KEYS:
@@ -139,15 +162,11 @@ class RunConfig:
             declared.setdefault(opt.key, opt)
         values = {key: opt.default for key, opt in declared.items()}
         for key, raw in keyed.items():
-            opt = declared.get(key)
-            if opt is None:
-                close = [k for k in declared if k.split("-")[0] == key.split("-")[0]]
-                hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                if key in installed_declarations():
-                    hint = f" of strategy {chosen.name}: it belongs to another installed strategy"
-                raise ConfigError(f"unknown run-config key '{key}'{hint}")
+            opt = declared.get(key) or _not_read(key, raw, chosen.name, declared)
             values[key] = opt.coerce(raw)
             opt.validate(values[key])
+            if key not in reads and values[key] != opt.default:
+                raise ConfigError(_not_read_message(key, raw, chosen.name))
         values["strategy-options"] = ""  # its keys are now keys of their own (flwr run's sends fold them back)
         _resolve_cut_layers(values, explicit)
         cfg = cls(values)
@@ -172,6 +191,22 @@ class RunConfig:
         """The value of a hyphenated key."""
         return self._values[key]
 
+    @property
+    def cuts(self) -> tuple[int, int] | None:
+        """``cut-layers`` as ``(c1, c2)``: the head is blocks ``[0, c1)``, the server's middle ``[c1, c2)``,
+        the client's tail ``[c2, L)``; None for the prefix split at ``cut-layer``. The one reading of the key."""
+        return parse_cut_layers(self._values["cut-layers"])
+
+    @property
+    def ushaped(self) -> bool:
+        """The run is label-private (U-shaped, ``cut-layers=c1,c2``): the labels stay on the clients."""
+        return self.cuts is not None
+
+    @property
+    def lossless_up(self) -> bool:
+        """What clients send up arrives exactly as computed: ``compress-up=none`` (float32)."""
+        return self._values["compress-up"] == "none"
+
     def as_dict(self) -> dict[str, Any]:
         """All keys with hyphens, JSON-friendly (a copy)."""
         return dict(self._values)
@@ -185,6 +220,64 @@ class RunConfig:
     def __repr__(self) -> str:
         return f"RunConfig({self._values!r})"
 
+
+
+def strategy_reads(cls: type) -> frozenset[str]:
+    """The keys strategy class ``cls`` reads: the core keys (:data:`CORE_KEYS`) and those its class and
+    its bases declare (:func:`~fl_app.plugins.options_of`), built-in or plugin alike."""
+    return frozenset(CORE_KEYS) | {opt.key for opt in options_of(cls)}
+
+
+def _owners(key: str) -> list[str]:
+    """The installed strategies that declare ``key``, sorted."""
+    return [name for name in strategy_names() if key in strategy_reads(strategy_class(name))]
+
+
+def _not_read_message(key: str, raw: Any, strategy: str) -> str:
+    """The one-line error of a key that strategy ``strategy`` does not read, set to ``raw`` (not its default)."""
+    owners = _owners(key)
+    owned = f" (a key of {', '.join(owners)})" if owners else ""
+    return (f"{key}={raw} is not read by strategy {strategy}{owned}: remove it, or choose a strategy that "
+            "reads it")
+
+
+def _not_read(key: str, raw: Any, strategy: str, declared: Mapping[str, Option]) -> Option:
+    """The option of ``key``, a key outside ``declared`` (another plugin's, at most), given as ``raw``.
+
+    Raises:
+        ConfigError: ``key`` is no installed strategy's (unknown, with a hint), or it is another
+            strategy's and ``raw`` is not its default (one line).
+    """
+    opt = installed_declarations().get(key)
+    if opt is None:
+        close = [k for k in declared if k.split("-")[0] == key.split("-")[0]]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(f"unknown run-config key '{key}'{hint}")
+    if opt.coerce(raw) != opt.default:
+        raise ConfigError(_not_read_message(key, raw, strategy))
+    return opt
+
+
+def _preset_keys(preset: str, applied: dict[str, Any], keyed: Mapping[str, Any], reads: frozenset[str],
+                 strategy: str) -> dict[str, Any]:
+    """The keys preset ``preset`` sets (``applied``: those the user did not give), checked against the
+    run's strategy ``strategy``, which reads ``reads``.
+
+    A preset names its strategy (:func:`preset_values`). Applied to another
+    strategy (one the user gave), it is refused unless
+    ``preset-any-strategy=true``; then only its keys that ``strategy`` reads are set.
+
+    Raises:
+        ConfigError: the preset's strategy is not the run's and ``preset-any-strategy`` is false (one line).
+    """
+    made_for = str(preset_values(preset)["strategy"])
+    if "strategy" in applied or strategy_class(made_for) is strategy_class(str(keyed.get("strategy", made_for))):
+        return applied
+    any_strategy = core_option("preset-any-strategy")
+    if not any_strategy.coerce(keyed.get("preset-any-strategy", any_strategy.default)):
+        raise ConfigError(f"preset={preset} is made for strategy={made_for}, not {strategy}: give "
+                          "preset-any-strategy=true to apply its keys that this strategy reads")
+    return {k: v for k, v in applied.items() if k in reads}
 
 
 def _resolve_cut_layers(values: dict[str, Any], explicit: set[str]) -> None:

@@ -188,7 +188,7 @@ _CLIENT_LINKS: dict[tuple, LinkCodecs] = {}
 def client_links(context: Any) -> LinkCodecs | None:
     """This node's codecs, from the task its handshake stored (None: before it, or both links float32)."""
     task = P.get_config(context.state, P.TASK)
-    if task is None or task.get("compress-up", "none") == "none" and task.get("compress-down", "none") == "none":
+    if task is None or task.get("compress-up") == "none" and task.get("compress-down") == "none":
         return None
     key = (context.node_id, task.get("compress-up"), task.get("compress-down"), task.get("topk-ratio"))
     links = _CLIENT_LINKS.get(key)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fl_app.codec_names import CODECS
 from fl_app.errors import ConfigError
 
 
@@ -163,7 +164,6 @@ def _check_device(value: str) -> None:
     check_device_name(value)
 
 
-_CODECS = ("none", "fp16", "bf16", "int8", "int8-channel", "topk")  # fl_app.compression.CODECS (stdlib only here)
 
 #: The keys every strategy reads, in the order of ``pyproject.toml`` and the key reference.
 CORE_OPTIONS: tuple[Option, ...] = (
@@ -271,10 +271,10 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "uploads. `none` (float32), `fp16`, `bf16`, `int8` (affine, per tensor, with a zero-point), `int8-channel` "
            "(per channel: dim 1 of batched tensors, dim 0 of weights), `topk` (the `topk-ratio` largest magnitudes, "
            "with error feedback; model weights stay float32); `bytes_up` and the virtual clock count the encoded bytes, scales and indices "
-           "included (see fl_app/compression.py)", choices=_CODECS,
+           "included (see fl_app/compression.py)", choices=CODECS,
            source="top-k with error feedback: Stich et al., NeurIPS 2018; int8: PyTorch's affine quantisation"),
     Option("compress-down", "none", "codec of what the server sends down: gradients, relayed activations, model "
-           "downloads; the values of `compress-up`", choices=_CODECS),
+           "downloads; the values of `compress-up`", choices=CODECS),
     Option("topk-ratio", 0.1, "`topk`: the fraction of each tensor's entries sent, k = ceil(ratio·n)", above=0, at_most=1),
     Option("nopeek-alpha", 0.0, "NoPeek: the client adds α·dCor(inputs, activations) to its loss (0 = off); "
            "split strategies whose clients back-propagate (see the privacy how-to)", at_least=0,
@@ -289,9 +289,12 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "sent (`RUN_DIR/privacy/received.npz`; U-shaped: also every gradient the tails returned), each client "
            "writes the evaluator's ground truth of that batch (U-shaped: of its tail's gradients and labels) and "
            "audits every reply it sends for its labels (`RUN_DIR/privacy/evaluator/`); needs `output-dir`"),
-    Option("preset", "", "a preset: `presets/NAME.toml` (or a path to a TOML file of run-config keys) applied "
-           "before your keys; every key you give wins over the preset's, at any value. `sflower presets` "
-           "lists them"),
+    Option("preset", "", "a preset: `presets/NAME.toml` (or a path to a TOML file of run-config keys, one of them "
+           "`strategy`) applied before your keys; every key you give wins over the preset's, at any value. A preset "
+           "sets its strategy unless you give one; another strategy than the preset's is refused unless "
+           "`preset-any-strategy=true`. `sflower presets` lists them"),
+    Option("preset-any-strategy", False, "apply `preset` to a strategy other than the one it names: only the preset's "
+           "keys that the run's strategy reads are set, the others are left out"),
     Option("seed", 0, "seeds data partition, device profiles, selection, sampling, init", at_least=0),
     Option("init-seed", -1, "seeds the initial weights alone (`-1`: `seed`). The GAS authors' code fixes its seed (2023) and "
            "varies only the data order between runs; `init-seed=2023 init=torch-default model=alexnet-gas` "

@@ -19,20 +19,12 @@ import sys
 from pathlib import Path
 from collections.abc import Sequence
 
-from fl_app.config import CORE_KEYS, RunConfig, parse_key_values
+from fl_app.config import CORE_KEYS, RunConfig, given_or_default, parse_key_values
 from fl_app.errors import ConfigError
+from fl_app.options import core_option
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
-
-
-def _split_engine(pairs: dict[str, str]) -> tuple[str, dict[str, str]]:
-    from simulation.engine import ENGINES
-
-    engine = pairs.pop("engine", "inprocess")
-    if engine not in ENGINES:
-        raise ConfigError(f"unknown engine '{engine}'; choose one of: {', '.join(ENGINES)}")
-    return engine, pairs
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -65,11 +57,12 @@ def _run(args: argparse.Namespace) -> int:
 
     from simulation.server_app import plan_run, resume_pairs
     from simulation.engine import run_inprocess
-    from simulation.ray_engine import pop_engine_options, run_ray
+    from simulation.engine_options import pop_engine_options, split_engine
+    from simulation.ray_engine import run_ray
     from strategies.core import checkpoint as ckpt
     from strategies.core.base import DivergedError, RunFailedError
 
-    engine, pairs = _split_engine(parse_key_values(args.pairs))
+    engine, pairs = split_engine(parse_key_values(args.pairs))
     engine_options = pop_engine_options(engine, pairs)  # ray-address, ray-cpus, ray-gpus
     resume = pairs.pop("resume", None)
     if resume is not None:
@@ -132,7 +125,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
-#: The options of ``sflower evaluate`` besides the run directory.
+#: The options of ``sflower evaluate`` besides the run directory: core keys, parsed and checked by their
+#: :class:`~fl_app.options.Option` (``dataset`` and ``data-dir`` absent: the run's own).
 EVALUATE_KEYS = ("dataset", "data-dir", "device")
 
 
@@ -149,8 +143,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     unknown = sorted(set(pairs) - set(EVALUATE_KEYS))
     if unknown:
         raise ConfigError(f"evaluate takes {', '.join(EVALUATE_KEYS)}, not {', '.join(unknown)}")
+    for key, raw in pairs.items():
+        pairs[key] = core_option(key).coerce(raw)
+        core_option(key).validate(pairs[key])
     res = evaluate_saved_model(args.target, dataset=pairs.get("dataset"), data_dir=pairs.get("data-dir"),
-                               device=pairs.get("device", "auto"))
+                               device=given_or_default(pairs, "device"))
     meta = res["meta"]
     clients = f" (mean over {len(meta['clients'])} client models)" if meta.get("clients") else ""
     print(f"test_accuracy {res['test_accuracy']!r} test_loss {res['test_loss']!r}{clients} on {res['dataset']}'s "
@@ -414,19 +411,19 @@ def _numerics_of(args: argparse.Namespace) -> str:
             saved = Path(pairs["resume"]) / "config.json"
             config = read_json_table(saved).get("config", {}) if saved.is_file() else {}
             option = next(opt for opt in CORE_OPTIONS if opt.key == "numerics")
-            mode = option.coerce(config.get("numerics", "fast") if isinstance(config, dict) else "fast")
+            mode = option.coerce(given_or_default(config, "numerics") if isinstance(config, dict) else "fast")
             try:
                 option.validate(mode)
             except ConfigError as err:
                 raise ConfigError(f"{saved}: {err}") from None
             return str(mode)
-        return pairs.get("numerics", "fast")
+        return str(given_or_default(pairs, "numerics"))
     if args.command == "deploy" and args.pairs[:1] != ["bench"]:  # its SuperLink and SuperNodes inherit the environment
-        return parse_key_values(list(args.pairs)).get("numerics", "fast")
+        return str(given_or_default(parse_key_values(list(args.pairs)), "numerics"))
     if args.command == "sweep":
         from simulation.sweep import expand, load_sweep, run_config
 
-        modes = {str(run_config(run).get("numerics", "fast")) for run in expand(load_sweep(args.file))}
+        modes = {str(given_or_default(run_config(run), "numerics")) for run in expand(load_sweep(args.file))}
         if len(modes) > 1:
             raise ConfigError(f"{args.file}: a sweep runs in one numerics mode; its runs ask for {', '.join(sorted(modes))}")
         return modes.pop() if modes else "fast"

@@ -6,8 +6,8 @@ ServerApp closure (:func:`simulation.engine.make_server_app`) and, to clients,
 in the handshake. It starts a local Ray instance or joins a running cluster
 (``ray-address``), hands the driver's dataset to the actors once, picks up
 pushed messages at once (not on Flower's 0.1 s poll) and records where each
-message ran (``placement.json``). :func:`pop_engine_options` parses the
-engine's own ``sflower run`` keys (``ray-address``, ``ray-cpus``,
+message ran (``placement.json``). :mod:`simulation.engine_options` parses
+the engine's own ``sflower run`` keys (``ray-address``, ``ray-cpus``,
 ``ray-gpus``).
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import sys
 import threading
 import time
@@ -29,83 +28,12 @@ from flwr.clientapp import ClientApp
 from fl_app.errors import ConfigError
 from simulation.server_app import RunPlan
 from simulation.engine import make_server_app
+from simulation.engine_options import RAY_ADDRESS_KEY, RAY_CPUS_KEY, check_ray_address
 
-#: ``sflower run`` keys of the Ray engine (``engine=ray`` only), see :func:`pop_engine_options`.
-RAY_ADDRESS_KEY = "ray-address"
-RAY_CPUS_KEY = "ray-cpus"
-RAY_GPUS_KEY = "ray-gpus"
 #: Longest wait (s) of Flower's message pick-up loop when no push wakes it (Flower's own poll is 0.1 s).
 PICKUP_TIMEOUT_S = 0.1
 #: Name of the file a Ray run writes beside summary.json: which Ray node and process ran each message.
 PLACEMENT_FILE = "placement.json"
-_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
-
-
-def check_ray_address(address: str) -> str:
-    """Validate a ``ray-address``: ``auto`` (the cluster ``ray start`` runs on this machine) or ``HOST:PORT``.
-
-    Returns:
-        the address, stripped.
-
-    Raises:
-        ConfigError: anything else (one line).
-    """
-    value = str(address).strip()
-    match = _HOST_PORT.match(value)
-    if value == "auto" or (match and 0 < int(match.group(2)) < 65536):
-        return value
-    raise ConfigError(f"{RAY_ADDRESS_KEY}='{address}': expected auto or HOST:PORT of a Ray head "
-                      f"(the address 'ray start --head' prints, e.g. 10.0.0.5:6379)")
-
-
-def pop_engine_options(engine: str, pairs: dict[str, str]) -> dict[str, Any]:
-    """Remove the engine's own keys from ``sflower run`` pairs; the keyword arguments of the engine.
-
-    ``ray-address=auto|HOST:PORT`` joins an existing Ray cluster and
-    ``ray-cpus=N`` sizes the local Ray instance (one client actor per CPU);
-    both need ``engine=ray``, and they exclude each other (a cluster's size
-    is its nodes' ``--num-cpus``). ``ray-gpus=F`` gives each client actor
-    the GPU fraction ``F`` (Flower's ``client-resources-num-gpus``; 0.25 =
-    four clients per GPU), so that ``device=auto`` finds a GPU in the actors.
-
-    Raises:
-        ConfigError: a key for another engine, a bad address, CPU count or
-            GPU fraction, or ``ray-gpus`` on a local instance without a GPU.
-    """
-    opts: dict[str, Any] = {}
-    address = pairs.pop(RAY_ADDRESS_KEY, None)
-    cpus = pairs.pop(RAY_CPUS_KEY, None)
-    gpus = pairs.pop(RAY_GPUS_KEY, None)
-    given = [k for k, v in ((RAY_ADDRESS_KEY, address), (RAY_CPUS_KEY, cpus), (RAY_GPUS_KEY, gpus))
-             if v is not None]
-    if given and engine != "ray":
-        raise ConfigError(f"{given[0]} needs engine=ray (engine is {engine})")
-    if address is not None and cpus is not None:
-        raise ConfigError(f"give {RAY_ADDRESS_KEY} or {RAY_CPUS_KEY}, not both: a cluster's CPUs are its "
-                          f"nodes' (ray start --num-cpus)")
-    if address is not None:
-        opts["address"] = check_ray_address(address)
-    if cpus is not None:
-        try:
-            opts["num_cpus"] = int(cpus)
-        except ValueError:
-            opts["num_cpus"] = 0
-        if opts["num_cpus"] < 1:
-            raise ConfigError(f"{RAY_CPUS_KEY}={cpus}: expected a positive integer")
-    if gpus is not None:
-        try:
-            opts["num_gpus"] = float(gpus)
-        except ValueError:
-            opts["num_gpus"] = -1.0
-        if not 0.0 <= opts["num_gpus"] <= 1.0:
-            raise ConfigError(f"{RAY_GPUS_KEY}={gpus}: expected a GPU fraction per client in [0, 1]")
-        if opts["num_gpus"] > 0 and address is None:
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ConfigError(f"{RAY_GPUS_KEY}={gpus} but this machine has no GPU that torch sees "
-                                  f"(Ray would wait for one forever)")
-    return opts
 
 
 class RayClientApp(ClientApp):

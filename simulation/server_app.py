@@ -19,7 +19,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fl_app.config import RunConfig
+from fl_app.config import RunConfig, given_or_default
 from fl_app.device import resolve_device
 from fl_app.errors import ConfigError
 from fl_app.link import check_links
@@ -190,7 +190,7 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     saver.bind(strategy)
     if cfg.checkpoint_every:
         strategy.checkpoint_path = plan.out_dir / CHECKPOINT_FILE
-    received = ReceivedActivations(tails=bool(cfg.get("cut-layers"))) if cfg.get("privacy-record") else None
+    received = ReceivedActivations(tails=cfg.ushaped) if cfg.get("privacy-record") else None
     if received is not None:
         if not resume:
             received.clear_truth(plan.out_dir)
@@ -249,7 +249,7 @@ def main(grid: Grid, context: Context) -> None:
         log.setLevel(logging.INFO)
         log.propagate = False
     try:
-        resume = str(context.run_config.get("resume", "") or "")
+        resume = str(given_or_default(context.run_config, "resume") or "")
         if resume:  # the checkpoint's configuration, with the keys the user gave that a resume may change
             plan = plan_run(RunConfig.from_mapping(resume_pairs(resume, override_config(grid))))
             plan.resume_from = Path(resume) / CHECKPOINT_FILE

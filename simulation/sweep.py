@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from fl_app.config import RunConfig
+from fl_app.config import RunConfig, given_or_default
 from fl_app.errors import ConfigError
 from fl_app.untrusted import read_json_table
 from simulation.outputs.results import collect, expand, run_name
@@ -143,12 +143,11 @@ def claim(out: Path, name: str):
 
 def tracking_context(out: Path, run: Mapping[str, Any], grid_keys: list[str]) -> TrackingContext:
     """The trackers' names for one run of a sweep in ``out``: the sweep's store, the run's grid keys as tags."""
-    from fl_app.options import core_option
     from simulation.outputs.trackers import TrackingContext
 
     tags = {k: str(run[k]) for k in grid_keys}
-    tags.setdefault("seed", str(run.get("seed", core_option("seed").default)))
-    tags.update(strategy=str(run.get("strategy", core_option("strategy").default)), sweep=out.name)
+    tags.setdefault("seed", str(given_or_default(run, "seed")))
+    tags.update(strategy=str(given_or_default(run, "strategy")), sweep=out.name)
     return TrackingContext(store_dir=out, run_name=run_name(run, grid_keys), experiment=out.name, group=out.name,
                            tags=tags)
 
@@ -194,8 +193,8 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
                 outcome = "diverged" if isinstance(err, DivergedError) else "failed"
                 print(f"[{i}/{len(runs)}] {run_dir.name}: {outcome}: {err}")
             if attack is not None:
-                attack_run(run_dir, attack, str(run_config(run).get("data-dir", "")))
-    table = collect(out, target=float(spec["meta"].get("target-accuracy", 0.0)))
+                attack_run(run_dir, attack, str(given_or_default(run_config(run), "data-dir")))
+    table = collect(out, target=float(given_or_default(spec["meta"], "target-accuracy")))
     return table
 
 

@@ -7,6 +7,11 @@
 * **No import cycle** between modules, nor between a sub-package taken whole (``simulation/outputs/``)
   and the modules beside it (``simulation/sweep.py``): a cycle that function-level imports hide
   still ties the two together.
+* **Defaults declared once**: outside :data:`CONFIG_MODULES`, no call
+  ``.get("<declared key>", <literal>)`` restates a run-config key's default
+  (the keys: ``pyproject.toml``'s ``[tool.flwr.app.config]``, generated from
+  the declarations); a raw mapping's missing key takes its default through
+  ``fl_app.config.given_or_default``, a resolved one is read from ``RunConfig``.
 * **Sizes**: every strategy class (a class in ``strategies/`` that subclasses
   :data:`STRATEGY_BASES`, directly or through another) spans at most
   :data:`MAX_STRATEGY_LINES` lines from its ``class`` line to its last line,
@@ -23,6 +28,7 @@ lands meets the limits.
 from __future__ import annotations
 
 import ast
+import tomllib
 from collections import deque
 from functools import cache
 from pathlib import Path
@@ -36,6 +42,8 @@ FLOORS = ("fl_app", "strategies", "simulation", "benchmarks")
 STRATEGY_BASES = frozenset({"SFLStrategy", "SyncStrategy", "AsyncStrategy"})
 MAX_STRATEGY_LINES = 150
 MAX_MODULE_LINES = 500
+#: The modules that resolve the run-config keys and their defaults.
+CONFIG_MODULES = frozenset({"fl_app.config", "fl_app.options"})
 
 
 @cache
@@ -226,6 +234,45 @@ def test_strategy_class_size(path, cls, lines):
 def test_module_size(path):
     lines = len((ROOT / path).read_text().splitlines())
     assert lines <= MAX_MODULE_LINES, f"{path} has {lines} lines (> {MAX_MODULE_LINES})"
+
+
+@cache
+def declared_keys() -> frozenset[str]:
+    """The run-config keys of ``pyproject.toml``'s ``[tool.flwr.app.config]`` (every built-in key)."""
+    return frozenset(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+
+
+def _is_literal(node: ast.expr) -> bool:
+    """``node`` is a literal other than None (``0.0``, ``"none"``, ``-1``, ``()``...)."""
+    try:
+        return ast.literal_eval(node) is not None
+    except ValueError:
+        return False
+
+
+def restated_defaults(source: str) -> list[str]:
+    """The calls ``X.get("<declared key>", <literal>)`` in ``source``, as ``line N: <call>``."""
+    keys = declared_keys()
+    return [f"line {n.lineno}: {ast.unparse(n)}" for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
+            and len(n.args) == 2 and isinstance(n.args[0], ast.Constant) and n.args[0].value in keys
+            and _is_literal(n.args[1])]
+
+
+@pytest.mark.parametrize("name", sorted(set(modules()) - CONFIG_MODULES))
+def test_no_restated_default(name):
+    """A default is declared once (its ``Option``): ``.get(key, literal)`` outside the config modules restates it."""
+    found = restated_defaults(modules()[name].read_text())
+    assert not found, (f"{_rel(modules()[name])} restates declared defaults (read RunConfig, or "
+                       f"fl_app.config.given_or_default): {found}")
+
+
+def test_restated_default_check_sees_them():
+    """The default check finds a restated default, and leaves a lookup of another key or without one alone."""
+    source = ('a = cfg.get("compress-up", "none")\nb = meta.get("label-noise", -1.0)\n'
+              'c = meta.get("rows", 0)\nd = meta.get("lr")\ne = meta.get("lr", None)\nf = meta.get("lr", x)\n')
+    assert restated_defaults(source) == ["line 1: cfg.get('compress-up', 'none')",
+                                         "line 2: meta.get('label-noise', -1.0)"]
 
 
 def test_checks_see_the_code():

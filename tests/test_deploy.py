@@ -153,7 +153,8 @@ def test_deploy_arguments() -> None:
     opts = parse_deploy_args({"nodes": "3", "intruders": "1"})
     assert (opts.cfg.num_clients, opts.cfg.min_clients) == (4, 3)
     for bad in ({"nodes": "0"}, {"auth": "true", "tls": "false"}, {"intruders": "1", "auth": "false", "tls": "false"},
-                {"bogus": "1"}, {"output-dir": "x"}, {"nodes": "3", "num-clients": "2"}, {"kill-node": "5"}):
+                {"bogus": "1"}, {"output-dir": "x"}, {"nodes": "3", "num-clients": "2"}, {"kill-node": "5"},
+                {"isolation": "thread"}, {"timeout": "0"}, {"tls": "maybe"}):
         with pytest.raises(ConfigError):
             parse_deploy_args(bad)
 
@@ -287,6 +288,8 @@ def test_chaos_options_need_checkpoints() -> None:
     with pytest.raises(ConfigError, match=">= 0"):
         parse_deploy_args({"chaos": "-1", "checkpoint-every": "1"})
     assert parse_deploy_args({"chaos": "2", "checkpoint-every": "1"}).opts["chaos"] == 2
+    with pytest.raises(ConfigError, match="^isolation must be one of subprocess, process; got 'thread'$"):
+        parse_deploy_args({"isolation": "thread"})  # declared as an Option: the run-config keys' messages
 
 
 def test_a_refused_supernode_is_started_again_until_it_is_let_in(tmp_path: Path, monkeypatch) -> None:

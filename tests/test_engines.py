@@ -199,7 +199,7 @@ def test_a_preloaded_task_is_what_the_handshake_record_looks_up(tmp_path, monkey
     ({"engine": "ray", "ray-address": "127.0.0.1:1"}, "nothing answers at 127.0.0.1:1"),
     ({"ray-gpus": "0.5"}, "ray-gpus needs engine=ray"),
     ({"engine": "ray", "ray-gpus": "2"}, "GPU fraction per client in [0, 1]"),
-    ({"engine": "ray", "ray-gpus": "half"}, "GPU fraction per client in [0, 1]"),
+    ({"engine": "ray", "ray-gpus": "half"}, "ray-gpus='half' is not a valid float"),
 ])
 def test_ray_engine_options_refused(pairs, message, capsys, tmp_path):
     from simulation.cli import main
@@ -210,7 +210,7 @@ def test_ray_engine_options_refused(pairs, message, capsys, tmp_path):
 
 
 def test_engine_options_parsed():
-    from simulation.ray_engine import pop_engine_options
+    from simulation.engine_options import pop_engine_options
 
     pairs = {"ray-address": " 10.0.0.5:6379 ", "seed": "1"}
     assert pop_engine_options("ray", pairs) == {"address": "10.0.0.5:6379"}

@@ -61,7 +61,8 @@ def test_flwr_run_runs_the_built_fab_in_simulation(tmp_path, monkeypatch):
 
     The strategy is the example plugin (``strategy=module:Class``, importable from ``PYTHONPATH`` in
     every process), its key travels in ``strategy-options``, and ``model=alexnet`` given beside
-    ``preset=mu-splitfed`` wins over the preset's ``lenet5`` although it is the default."""
+    ``preset=mu-splitfed`` (applied to another strategy: ``preset-any-strategy=true``) wins over the
+    preset's ``lenet5`` although it is the default."""
     example = Path(__file__).resolve().parents[1] / "examples" / "trimmed-mean-splitfed"
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(example), os.environ.get("PYTHONPATH", "")]))
     fab = build_fab(tmp_path)
@@ -70,7 +71,7 @@ def test_flwr_run_runs_the_built_fab_in_simulation(tmp_path, monkeypatch):
         z.extractall(app)
     out = tmp_path / "out"
     run_config = {"strategy": "trimmed_mean_splitfed:TrimmedMeanSplitFed", "strategy-options": "trim-fraction=0.34",
-                  "preset": "mu-splitfed", "model": "alexnet", "cut-layer": 2, "num-clients": 2, "concurrency": 2,
+                  "preset": "mu-splitfed", "preset-any-strategy": True, "model": "alexnet", "cut-layer": 2, "num-clients": 2, "concurrency": 2,
                   "partition": "iid", "heterogeneity": "none", "global-iterations": 1, "local-iterations": 2,
                   "batch-size": 8, "output-dir": str(out)}
     with Deployment(tmp_path / "deploy", tls=False, auth=False) as dep:

@@ -90,6 +90,8 @@ def test_equal_partitions_epochs_are_that_many_iterations(tmp_path, strategy):
     keys = {"strategy": strategy, "preset": "ringsfl-reference", "global-iterations": 1, "eval-samples": 500}
     if strategy == "ringsfl":
         keys["ring-lengths"] = "8:1:1:1:1"
+    else:
+        keys["preset-any-strategy"] = True  # the preset is RingSFL's; MiniBatch-SFL takes the keys it reads
     for name, extra in (("epochs", {}), ("iterations", {"local-epochs": 0, "local-iterations": 24})):
         assert main(cli_args({**keys, **extra, "output-dir": tmp_path / name}, "-q")) == 0
     a, b = (pd.read_csv(tmp_path / n / "metrics.csv").drop(columns=["wall_time_s"]) for n in ("epochs", "iterations"))

@@ -27,7 +27,7 @@ import torch
 
 from fl_app.config import CORE_KEYS, RunConfig, defaults, installed_declarations
 from fl_app.errors import ConfigError
-from fl_app.options import CORE_OPTIONS, Option
+from fl_app.options import Option
 from fl_app.plugins import register, strategy_class
 from simulation import keys
 
@@ -177,7 +177,8 @@ def _sflower(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Comp
 @pytest.mark.e2e  # sflower run in subprocesses, one a whole AlexNet run
 def test_the_example_plugin_runs_from_its_own_package_and_the_users_keys_beat_the_preset(tmp_path):
     """Found by its entry point; listed by `sflower strategies`; a bad trim-fraction is one line and exit 2;
-    a run completes with preset=mu-splitfed and model=alexnet given (the default: it still wins)."""
+    a run completes with preset=mu-splitfed (made for another strategy: preset-any-strategy=true) and
+    model=alexnet given (the default: it still wins); the preset's MU-SplitFed-only server-steps is left out."""
     env = _fake_install(tmp_path)
     listed = _sflower(["strategies"], env, tmp_path)
     assert listed.returncode == 0, listed.stderr
@@ -187,9 +188,70 @@ def test_the_example_plugin_runs_from_its_own_package_and_the_users_keys_beat_th
     assert bad.returncode == 2 and bad.stderr.strip() == "sflower: error: trim-fraction must be <= 0.49, got 0.7"
     out = tmp_path / "run"
     run = _sflower(["run", "-q", "strategy=splitfed-trimmed-mean", "trim-fraction=0.34", "preset=mu-splitfed",
-                    *TINY, "model=alexnet", "cut-layer=2", f"output-dir={out}"], env, tmp_path)
+                    "preset-any-strategy=true", *TINY, "model=alexnet", "cut-layer=2", f"output-dir={out}"], env, tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     config = json.loads((out / "config.json").read_text())["config"]
     assert config["model"] == "alexnet" and config["lr"] == 0.008 and config["perturbations"] == 8  # preset's
     assert config["strategy"] == "splitfed-trimmed-mean" and config["trim-fraction"] == 0.34
+    assert config["server-steps"] == 1  # the preset's 2 is MU-SplitFed's key: not set on this strategy
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+
+
+def _error_line(args: list[str], capsys) -> tuple[int, str]:
+    """``sflower ARGS`` in this process: its exit status and its standard error."""
+    from simulation.cli import main
+
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
+def test_a_key_the_strategy_does_not_read_is_one_line_and_exit_2(capsys):
+    """A built-in strategy's key given to another strategy at a value other than its default is refused, as
+    a plugin's is; at its default (pyproject.toml's table carries every key) it changes nothing and passes."""
+    code, err = _error_line(["run", "strategy=fedavg", "client-momentum=shared"], capsys)
+    assert code == 2 and err == ("sflower: error: client-momentum=shared is not read by strategy fedavg (a key of "
+                                 "gas): remove it, or choose a strategy that reads it\n")
+    with pytest.raises(ConfigError, match=r"^buffer-models=3 is not read by strategy splitfed-v1 \(a key of gas\)"):
+        RunConfig.from_mapping({"strategy": "splitfed-v1", "buffer-models": 3})
+    with pytest.raises(ConfigError, match=r"^server-lr=2.0 is not read by strategy fedavg \(a key of ca2fl, "
+                                          r"fedbuff, mu-splitfed\)"):
+        RunConfig.from_mapping({"strategy": "fedavg", "server-lr": "2.0"})
+    assert RunConfig.from_mapping({"strategy": "fedavg", "client-momentum": "own"}).strategy == "fedavg"
+    for name in ("fedavg", "ringsfl", "mu-splitfed"):  # flwr run: every key of the table, only strategy given
+        cfg = RunConfig.from_mapping({**defaults(), "strategy": name}, given={"strategy"})
+        assert cfg.strategy == name and RunConfig.from_mapping(cfg.as_dict()).as_dict() == cfg.as_dict()
+
+
+def test_a_preset_names_its_strategy_and_refuses_another_unless_asked(capsys, tmp_path):
+    """Every preset names its strategy and sets it; applied to another strategy it is one line and exit 2,
+    unless preset-any-strategy=true, which sets only the preset's keys that strategy reads."""
+    from fl_app.config import preset_names, preset_values
+
+    assert {name: preset_values(name)["strategy"] for name in preset_names()} == {
+        "gas-reference": "gas", "mu-splitfed": "mu-splitfed", "ringsfl-reference": "ringsfl"}
+    code, err = _error_line(["run", "preset=gas-reference", "strategy=fedavg"], capsys)
+    assert code == 2 and err == ("sflower: error: preset=gas-reference is made for strategy=gas, not fedavg: give "
+                                 "preset-any-strategy=true to apply its keys that this strategy reads\n")
+    assert RunConfig.from_mapping({"preset": "mu-splitfed"}).strategy == "mu-splitfed"  # set by the preset
+    assert RunConfig.from_mapping({**defaults(), "preset": "mu-splitfed"}, given={"preset"}).strategy == "mu-splitfed"
+    mixed = RunConfig.from_mapping({"preset": "gas-reference", "strategy": "fedavg", "preset-any-strategy": "true"})
+    assert (mixed.model, mixed.aggregation, mixed.init_seed) == ("alexnet-gas", "uniform", 2023)  # fedavg reads these
+    assert (mixed.client_momentum, mixed.progress) == ("own", "flushes")  # GAS's keys: left at their defaults
+    assert RunConfig.from_mapping(mixed.as_dict()).as_dict() == mixed.as_dict()
+    nameless = tmp_path / "nameless.toml"
+    nameless.write_text('lr = 0.1\n')
+    with pytest.raises(ConfigError, match=r"nameless.toml: names no strategy"):
+        RunConfig.from_mapping({"preset": str(nameless)})
+
+
+def test_derived_keys_are_read_in_one_place():
+    """``cut-layers``, the U-shaped question and the uplink's codec are RunConfig properties; the end of a
+    block range has one sentinel, 0 for the cut (protocol.range_end)."""
+    from fl_app import protocol as P
+
+    prefix, ushaped = RunConfig.from_mapping({}), RunConfig.from_mapping({"cut-layers": " 2, 5"})
+    assert (prefix.cuts, prefix.ushaped, prefix.lossless_up) == (None, False, True)
+    assert (ushaped.cuts, ushaped.ushaped, ushaped.cut_layer) == ((2, 5), True, 2)
+    assert not RunConfig.from_mapping({"compress-up": "int8"}).lossless_up
+    assert (P.range_end(0, 3), P.range_end(5, 3)) == (3, 5)
+    assert P.ForwardConfig(start=1).plan(4).end == 4 and P.ForwardConfig(end=6).plan(4).end == 6

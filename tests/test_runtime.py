@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -1010,6 +1009,8 @@ BAD_INPUTS = {
     "unknown model": {"model": "resnet999"},
     "unknown heterogeneity": {"heterogeneity": "quantum"},
     "zero node timeout": {"node-timeout": 0},
+    "a key of another strategy": {"strategy": "fedavg", "client-momentum": "shared"},
+    "a preset of another strategy": {"preset": "gas-reference", "strategy": "fedavg"},
 }
 
 

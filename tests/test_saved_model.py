@@ -78,6 +78,7 @@ def test_evaluate_on_another_dataset_of_the_same_shape(tmp_path, capsys, one_tor
     (["{empty}"], "no model.safetensors"),
     (["{run}"], "cannot load into lenet5"),
     (["{run}", "foo=1"], "evaluate takes dataset, data-dir, device"),
+    (["{run}", "device=tpu"], "device must be auto, cpu, cuda or cuda:N; got 'tpu'"),  # its Option's check
 ])
 def test_evaluate_bad_input_is_one_line_exit_2(tmp_path, capsys, args, fragment):
     (tmp_path / "empty").mkdir()

@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 

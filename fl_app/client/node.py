@@ -324,6 +324,6 @@ def query_info(msg: Message, context: Context) -> Message:
         P.INFO_PARTITION_ID: node.partition_id,
         P.INFO_NUM_EXAMPLES: node.task.num_examples(node.partition_id),
     })
-    if not node.cfg.get("cut-layers"):  # a label-private (U-shaped) node keeps its label counts too
+    if not node.cfg.ushaped:  # a label-private (U-shaped) node keeps its label counts too
         info[P.INFO_LABEL_HISTOGRAM] = [int(v) for v in node.task.histogram(node.partition_id)]
     return Message(RecordDict({P.INFO: info}), reply_to=msg)

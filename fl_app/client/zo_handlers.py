@@ -46,7 +46,7 @@ def train_zo_forward(msg: Message, context: Context) -> Message:
     node, cfg = node_and_config(msg, context, P.ZOForwardConfig)
     slot = node.slot(cfg.slot)
     slot.take_weights(msg.content)
-    end = cfg.end or node.task.cut_layer
+    end = P.range_end(cfg.end, node.task.cut_layer)
     content = zo_forward(node, slot, slot.model(0, end), end, cfg.batch_size, cfg.perturbations, cfg.smoothing)
     return Message(content, reply_to=msg)
 

@@ -27,6 +27,7 @@ from fl_app.protocol.configs import (
     StepConfig,
     ZOForwardConfig,
     ZOUpdateConfig,
+    range_end,
 )
 from fl_app.protocol.keys import (
     ACTIONS,

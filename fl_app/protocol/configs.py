@@ -147,6 +147,13 @@ class OptimizerConfig(ActionConfig):
     optimizer: str = "sgd"
 
 
+def range_end(end: int, cut: int) -> int:
+    """The end of a block range ``[start, end)`` of a ``train.forward``, ``train.zo_forward`` or request
+    builder: ``end``, or the run's cut layer ``cut`` when ``end`` is 0. The one reading of that convention
+    (0, never None, means the cut), on the server and on the client."""
+    return end or cut
+
+
 @dataclass(frozen=True)
 class ForwardConfig(OptimizerConfig):
     """``train.forward``: run blocks ``[start, end)`` of the model in ``slot``.
@@ -189,7 +196,7 @@ class ForwardConfig(OptimizerConfig):
         """What this forward does and what its reply holds, for a run whose cut layer is ``cut``:
         the one reading of a ``train.forward`` config (the ClientApp's handler, the strategies'
         request builders and reply validation all use it)."""
-        return ForwardPlan(self.start, self.end or cut, self.batch_size, self.loss, bool(self.label_slot))
+        return ForwardPlan(self.start, range_end(self.end, cut), self.batch_size, self.loss, bool(self.label_slot))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from fl_app.protocol import keys as K
-from fl_app.protocol.configs import BackwardConfig, ForwardConfig, StepConfig, ZOForwardConfig, ZOUpdateConfig
+from fl_app.protocol.configs import BackwardConfig, ForwardConfig, StepConfig, ZOForwardConfig, ZOUpdateConfig, range_end
 from fl_app.protocol.records import array_of, config_of, get_array, get_config, record_state, record_tensor
 
 
@@ -125,7 +125,7 @@ def reply_schema(action: str, sent: RecordDict, cut: int) -> ReplySchema | None:
         return ReplySchema(weights="all")
     if action == K.TRAIN_ZO_FORWARD:
         cfg = ZOForwardConfig.from_record(raw)
-        return ReplySchema(activations=(cfg.batch_size, cfg.end or cut), labels=cfg.batch_size,
+        return ReplySchema(activations=(cfg.batch_size, range_end(cfg.end, cut)), labels=cfg.batch_size,
                            perturbed=cfg.perturbations)
     if action == K.TRAIN_ZO_UPDATE:
         cfg = ZOUpdateConfig.from_record(raw)

@@ -13,26 +13,34 @@ from pathlib import Path
 from typing import Any
 
 from fl_app.config import RunConfig, installed_declarations
-from fl_app.options import core_option
+from fl_app.options import Option, core_option
 from fl_app.errors import ConfigError
 
-#: Deploy options with their defaults (the other ``KEY=VALUE`` pairs are run-config keys).
-DEPLOY_DEFAULTS: dict[str, Any] = {
-    "nodes": 3,            # authorised SuperNodes
-    "intruders": 0,        # extra SuperNodes whose keys are not registered (need auth=true)
-    "tls": True,           # TLS between SuperNodes / CLI and the SuperLink
-    "auth": True,          # --enable-supernode-auth (needs tls=true)
-    "fast": False,         # low-latency polling (see the module docstring)
-    "isolation": "subprocess",  # SuperNode --isolation (process: sflower starts the SuperExec itself)
-    "run-dir": "",         # default runs/deploy-<strategy>-<time>
-    "timeout": 1800.0,     # s: the whole run, from `flwr run` to summary.json
-    "kill-node": -1,       # partition id of a node to SIGKILL mid-run (-1: none)
-    "kill-after": 5.0,     # s after the first metric row of a trained model (global iteration >= 1)
-    "restart-after": 0.0,  # s after the kill to start the node again (0: never)
-    "chaos": 0,            # SuperNode kills at random points, each node restarted (simulation.deploy.faults)
-    "chaos-seed": 0,       # seeds which nodes chaos kills, and when
-    "kill-server-after": 0.0,  # s after the first trained row to SIGKILL the ServerApp and resume it (0: never)
-}
+#: The deploy options (the other ``KEY=VALUE`` pairs are run-config keys): typed, bounded and parsed as
+#: run-config keys are (:class:`~fl_app.options.Option`).
+DEPLOY_OPTIONS: tuple[Option, ...] = (
+    Option("nodes", 3, "authorised SuperNodes", at_least=1),
+    Option("intruders", 0, "extra SuperNodes whose keys are not registered (need auth=true)", at_least=0),
+    Option("tls", True, "TLS between SuperNodes / CLI and the SuperLink"),
+    Option("auth", True, "--enable-supernode-auth (needs tls=true)"),
+    Option("fast", False, "low-latency polling (see simulation.deploy)"),
+    Option("isolation", "subprocess", "SuperNode --isolation (process: sflower starts the SuperExec itself)",
+           choices=("subprocess", "process")),
+    Option("run-dir", "", "the run directory (default runs/deploy-<strategy>-<time>)"),
+    Option("timeout", 1800.0, "seconds for the whole run, from `flwr run` to summary.json", above=0),
+    Option("kill-node", -1, "partition id of a node to SIGKILL mid-run (-1: none)", at_least=-1),
+    Option("kill-after", 5.0, "seconds after the first metric row of a trained model (global iteration >= 1)",
+           at_least=0),
+    Option("restart-after", 0.0, "seconds after the kill to start the node again (0: never)", at_least=0),
+    Option("chaos", 0, "SuperNode kills at random points, each node restarted (simulation.deploy.faults)",
+           at_least=0),
+    Option("chaos-seed", 0, "seeds which nodes chaos kills, and when", at_least=0),
+    Option("kill-server-after", 0.0, "seconds after the first trained row to SIGKILL the ServerApp and resume it "
+           "(0: never)", at_least=0),
+)
+_DEPLOY = {opt.key: opt for opt in DEPLOY_OPTIONS}
+#: The deploy options' defaults, ``key -> default``.
+DEPLOY_DEFAULTS: dict[str, Any] = {opt.key: opt.default for opt in DEPLOY_OPTIONS}
 
 
 @dataclass
@@ -63,21 +71,18 @@ def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
     run_pairs: dict[str, Any] = {}
     for raw, value in pairs.items():
         key = raw.replace("_", "-")
-        if key in DEPLOY_DEFAULTS:
+        if key in _DEPLOY:
             opts[key] = coerce_opt(key, value)
+            _DEPLOY[key].validate(opts[key])
         elif key in installed_declarations():
             run_pairs[key] = value
         else:
             raise ConfigError(f"unknown key '{raw}': deploy takes {', '.join(DEPLOY_DEFAULTS)} and run-config keys")
     nodes, intruders = opts["nodes"], opts["intruders"]
-    if nodes < 1 or intruders < 0:
-        raise ConfigError(f"nodes must be >= 1 and intruders >= 0, got {nodes} and {intruders}")
     if opts["auth"] and not opts["tls"]:
         raise ConfigError("auth=true needs tls=true (Flower refuses SuperNode authentication without TLS)")
     if intruders and not opts["auth"]:
         raise ConfigError("intruders need auth=true (without authentication every SuperNode is accepted)")
-    if opts["isolation"] not in ("subprocess", "process"):
-        raise ConfigError(f"isolation must be subprocess or process, got '{opts['isolation']}'")
     if "output-dir" in run_pairs:
         raise ConfigError("deploy writes the outputs to RUN_DIR/out; set run-dir=DIR instead of output-dir")
     run_pairs.setdefault("num-clients", nodes + intruders)
@@ -96,8 +101,6 @@ def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
         raise ConfigError(f"num-clients={cfg.num_clients} is below nodes + intruders = {nodes + intruders}")
     if (opts["chaos"] or opts["kill-server-after"] > 0) and not cfg.checkpoint_every:
         raise ConfigError("chaos and kill-server-after need checkpoint-every=N: the run resumes from its checkpoint")
-    if opts["chaos"] < 0 or opts["kill-server-after"] < 0 or opts["restart-after"] < 0:
-        raise ConfigError("chaos, kill-server-after and restart-after must be >= 0")
     if not -1 <= opts["kill-node"] < nodes:
         raise ConfigError(f"kill-node must be a node's partition id 0..{nodes - 1} (or -1), got {opts['kill-node']}")
     return DeployOptions(opts, run_pairs, cfg)
@@ -116,25 +119,9 @@ def fresh_run_dir(given: str, default: str) -> Path:
 
 
 def coerce_opt(key: str, value: Any) -> Any:
-    """``value`` (a string) as the type of deploy option ``key``'s default (bool, int, float or str).
+    """``value`` (a string) as the type of deploy option ``key`` (:meth:`fl_app.options.Option.coerce`).
 
     Raises:
-        ConfigError: the value does not parse as that type.
+        ConfigError: the value does not parse as that type (one line).
     """
-    default = DEPLOY_DEFAULTS[key]
-    text = str(value).strip()
-    try:
-        if isinstance(default, bool):
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if isinstance(default, int):
-            return int(text)
-        if isinstance(default, float):
-            return float(text)
-        return text
-    except ValueError:
-        raise ConfigError(f"{key}={value!r} is not a valid {type(default).__name__}") from None
-
+    return _DEPLOY[key].coerce(value)

@@ -152,7 +152,7 @@ class RunRecorder:
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         self._tell("on_finish", summary)
         if self.rows:
-            plot_accuracy(self.rows, self.out_dir / "accuracy.png", title=str(summary.get("strategy", "")))
+            plot_accuracy(self.rows, self.out_dir / "accuracy.png", title=str(summary.get("strategy") or ""))
         return summary
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 
+from fl_app.config import given_or_default
 from fl_app.errors import ConfigError
 from fl_app.untrusted import read_json_table
 from simulation.outputs.privacy_report import (attacked, plot_cut_layer, plot_label_leakage, plot_privacy,
@@ -139,7 +140,7 @@ def _paper_key(paper: dict[str, Any], keys: list[str], values: tuple) -> str | N
     order (``v2/contiguous``), or its variant or strategy alone."""
     row = dict(zip(keys, values))
     parts = sorted(str(v) for v in values)
-    single = str(row.get("variant", row.get("strategy", "")))
+    single = str(row.get("variant", row.get("strategy")) or "")
     return next((k for k in paper if sorted(k.split("/")) == parts), None) or (single if single in paper else None)
 
 
@@ -378,7 +379,7 @@ def load_results(out: Path) -> tuple[pd.DataFrame, list[str], dict[str, Any]]:
         raise ConfigError(f"'{out}' is not a directory")
     keys, meta, order = _sweep_meta(out)
     if any(out.glob("*/summary.json")):
-        table = collect(out, target=float(meta.get("target-accuracy", 0.0)))
+        table = collect(out, target=float(given_or_default(meta, "target-accuracy")))
     elif (out / "results.csv").is_file():
         table = pd.read_csv(out / "results.csv")
     else:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fl_app.config import given_or_default
 from fl_app.errors import ConfigError
 from fl_app.untrusted import read_json
 from fl_app.models import BlockModel
@@ -204,7 +205,7 @@ def evaluate_saved_model(target: str | Path, dataset: str | None = None, data_di
     if data_dir is None and recorded and name == meta["dataset"]:  # a run directory is untrusted input
         raise ConfigError(f"{_sidecar(resolve_model_path(target))} names data-dir={recorded[:200]!r}; sflower reads no "
                           "directory a run directory names: pass data-dir=... yourself")
-    data = normalised(load_dataset(name, data_dir or None), str(meta.get("normalize", "dataset")))
+    data = normalised(load_dataset(name, data_dir or None), str(given_or_default(meta, "normalize")))
     if list(data.input_shape) != list(meta["input-shape"]) or data.num_classes != int(meta["num-classes"]):
         raise ConfigError(f"{name} has {data.num_classes} classes of shape {list(data.input_shape)}; the model takes "
                           f"{meta['num-classes']} classes of shape {meta['input-shape']}")

@@ -46,7 +46,8 @@ from fl_app import protocol as P
 from fl_app.client.state import slot_key
 from fl_app.errors import ConfigError
 from fl_app.privacy import PRIVACY_DIR, read_tail_truth, tail_truth_path
-from fl_app.untrusted import read_json_table, read_npz
+from fl_app.config import RunConfig
+from fl_app.untrusted import read_json_table, read_npz, run_dir_config
 
 #: The label attack's result file, under ``RUN_DIR/privacy/``.
 LABELS_JSON = "labels.json"
@@ -155,7 +156,8 @@ def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None
         "label_power", "label_defence_tail"}``.
 
     Raises:
-        ConfigError: no recorded tail gradient, or none that matches a client's record (one line).
+        ConfigError: no recorded tail gradient, or none that matches a client's record, or a
+            ``config.json`` that no longer resolves (one line).
     """
     from simulation.privacy.record import RECEIVED_FILE
 
@@ -163,12 +165,13 @@ def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None
     config = read_json_table(run_dir / "config.json").get("config")
     if not isinstance(config, dict):
         raise ConfigError(f"{run_dir / 'config.json'}: no run configuration")
+    cfg = RunConfig.from_mapping(run_dir_config(config, str(run_dir / "config.json")))
     if received is None:
         path = run_dir / PRIVACY_DIR / RECEIVED_FILE
         if not path.is_file():
             raise ConfigError(f"{run_dir}: no {PRIVACY_DIR}/{RECEIVED_FILE} (run with privacy-record=true)")
         received = read_npz(path)
-    lossless = config.get("compress-up", "none") == "none"
+    lossless = cfg.lossless_up
     grads, labels, pids, unmatched = [], [], [], []
     for name in sorted((n for n in received.files if n.startswith("g-")), key=lambda n: (len(n), n)):
         pid, got = int(name[2:]), received[name]
@@ -187,8 +190,8 @@ def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None
                           "privacy-record=true and output-dir=RUN_DIR records them)")
     auc = leakage_auc(np.concatenate(grads), np.concatenate(labels))
     result = {"norm_auc": auc.norm, "direction_auc": auc.direction, "samples": auc.samples, "clients": pids,
-              "unmatched_clients": unmatched, "label_defence": config.get("label-defence", "none"),
-              "label_noise": float(config.get("label-noise", 0.0)), "label_power": float(config.get("label-power", 0.0)),
-              "label_defence_tail": config.get("label-defence-tail", "exact")}
+              "unmatched_clients": unmatched, "label_defence": cfg.label_defence,
+              "label_noise": float(cfg.label_noise), "label_power": float(cfg.label_power),
+              "label_defence_tail": cfg.label_defence_tail}
     (run_dir / PRIVACY_DIR / LABELS_JSON).write_text(json.dumps(result, indent=2) + "\n")
     return result

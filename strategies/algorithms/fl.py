@@ -19,6 +19,7 @@ from fl_app.models import BlockModel
 from fl_app.options import Option
 from strategies.core.aggregation import (
     AGGREGATION_OPTION,
+    SERVER_LR_OPTION,
     ModelAggregation,
     ca2fl_step,
     fedbuff_step,
@@ -90,7 +91,7 @@ class BufferedFL(FullModelMixin, AsyncStrategy):
     """
 
     options = (
-        Option("server-lr", 1.0, "global learning rate η_g", above=0, source="FedBuff Algorithm 1"),
+        SERVER_LR_OPTION,
         Option("fl-buffer", 0, "buffer size K (0 = concurrency)", at_least=0, source="FedBuff Algorithm 1"),
     )
 

@@ -38,7 +38,7 @@ from torch import nn
 
 from fl_app.config import RunConfig
 from fl_app.options import Option
-from strategies.core.aggregation import AGGREGATION_OPTION
+from strategies.core.aggregation import AGGREGATION_OPTION, SERVER_LR_OPTION
 from strategies.core.registry import register
 from strategies.core.split import ZO_OPTIONS, SyncSplitStrategy, copy_model
 
@@ -56,7 +56,7 @@ class MUSplitFed(SyncSplitStrategy):
         Option("server-steps", 1, "τ: ZO updates of a client's server-side copy per exchange", at_least=1,
                source="MU-SplitFed Algorithm 1"),
         *ZO_OPTIONS,
-        Option("server-lr", 1.0, "global learning rate η_g of eq. 7", above=0, source="MU-SplitFed eq. 7"),
+        SERVER_LR_OPTION,
         AGGREGATION_OPTION,
     )
 

@@ -21,6 +21,10 @@ State = Mapping[str, torch.Tensor]
 AGGREGATION_OPTION = Option("aggregation", "data-size",
                             "client-model averaging weights: |D_k| (eq. 10) or uniform (GAS reference code)",
                             ("data-size", "uniform"), source="GAS eq. 10")
+#: η_g, the server's step along the clients' aggregated update: FedBuff's buffered FL and MU-SplitFed's
+#: aggregation, declared once for both.
+SERVER_LR_OPTION = Option("server-lr", 1.0, "global learning rate η_g: the server's step along the clients' "
+                          "aggregated update", above=0, source="FedBuff Algorithm 1; MU-SplitFed eq. 7")
 
 
 #: ``(models, weights) -> model``: :func:`weighted_average` or a strategy's aggregation hook.

@@ -131,7 +131,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         self.global_iteration = 0
         self.server_updates = 0
         #: the clients: handshake, re-admission, selection, exclusion
-        self.membership = Membership(cfg.seed, task.data.num_classes, histograms=not cfg.get("cut-layers"))
+        self.membership = Membership(cfg.seed, task.data.num_classes, histograms=not cfg.ushaped)
         #: sending, receiving, metering (its dispatcher is made after the handshake)
         self.exchange = Exchange(clock, self._duration, self.validate_reply, self.membership, self.on_failure)
         self._checker: ReplyChecker | None = None

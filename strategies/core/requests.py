@@ -70,10 +70,10 @@ class RequestBuilder:
         return Request(P.TRAIN_FORWARD, content, flops, bits, tag=tag)
 
     def backward(self, config: P.BackwardConfig, gradient: torch.Tensor | RecordDict, *, start: int = 0,
-                 end: int | None = None, batch: int | None = None, upload: bool = True, tag: object = None,
+                 end: int = 0, batch: int | None = None, upload: bool = True, tag: object = None,
                  timed_end: int | None = None, d2d: bool = False) -> Request:
         """``train.backward`` of ``gradient`` (of ``batch`` rows, default its own) through the slot's blocks
-        ``[start, end)`` (default: the cut).
+        ``[start, end)`` (``end`` 0: the cut, :func:`~fl_app.protocol.configs.range_end`).
 
         Timed as the range's backward FLOPs plus, by ``config.next``, the
         piggybacked forward and its activations, or the slot's weights
@@ -82,7 +82,7 @@ class RequestBuilder:
         is the next hop's reply) the input gradient goes to the previous
         node over a device-to-device link, and nothing is downloaded.
         """
-        end = self.cut if end is None else end
+        end = P.range_end(end, self.cut)
         timed = end if timed_end is None else timed_end
         batch = _batch(gradient) if batch is None else batch
         flops = self.costs.flops(start, timed, batch, forward=False, backward=True)
@@ -101,7 +101,7 @@ class RequestBuilder:
     def step(self, config: P.StepConfig, *, upload: bool = True, tag: object = None) -> Request:
         """``train.step``; with ``return_weights`` timed as the upload of the stepped blocks (``[start, end)``,
         end 0: the cut), or, with ``upload=False``, neither timed nor metered."""
-        end = config.end or self.cut
+        end = P.range_end(config.end, self.cut)
         bits = self.costs.param_bits(config.start, end) if config.return_weights and upload else 0.0
         return Request(P.TRAIN_STEP, P.requests.step(config), 0.0, bits, tag=tag, metered=upload)
 
@@ -122,16 +122,16 @@ class RequestBuilder:
     def zo_forward(self, config: P.ZOForwardConfig, weights: ArrayRecord | None = None,
                    tag: object = None) -> Request:
         """``train.zo_forward``: ``2P + 1`` forward passes of blocks ``[0, end)``, their upload."""
-        end, p = config.end or self.cut, config.perturbations
+        end, p = P.range_end(config.end, self.cut), config.perturbations
         flops = (2 * p + 1) * self.costs.flops(0, end, config.batch_size)
         return Request(P.TRAIN_ZO_FORWARD, P.requests.zo_forward(config, weights), flops,
                        self.zo_bits(end, config.batch_size, p), tag=tag)
 
-    def zo_update(self, config: P.ZOUpdateConfig, perturbations: int, *, end: int | None = None,
+    def zo_update(self, config: P.ZOUpdateConfig, perturbations: int, *, end: int = 0,
                   upload: bool = True, tag: object = None) -> Request:
         """``train.zo_update`` (``32·P`` bits down; no backward pass), timed by ``config.next`` as
         :meth:`backward` with a piggybacked ``train.zo_forward`` of ``perturbations`` pairs."""
-        end = self.cut if end is None else end
+        end = P.range_end(end, self.cut)
         flops, bits = 0.0, 0.0
         if config.next == P.NEXT_FORWARD:
             flops = (2 * perturbations + 1) * self.costs.flops(0, end, config.batch_size)

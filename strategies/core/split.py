@@ -167,12 +167,12 @@ class SplitMixin(HiddenClientModels, LabelPrivateSplit):
         sent with training messages; a ZO client's estimate is clipped at ``zo-clip``, not ``clip-norm``."""
         return optimizer_settings(self.cfg, self.client_side_lr, clip_norm=clip_norm)
 
-    def forward_request(self, batch: int, weights: ArrayRecord | None, *, start: int = 0, end: int | None = None,
+    def forward_request(self, batch: int, weights: ArrayRecord | None, *, start: int = 0, end: int = 0,
                         slot: str = P.OWN_SLOT, tag: object = None, timed_end: int | None = None) -> Request:
-        """``train.forward`` of own data through blocks ``[start, end)`` (default the client part), or a
+        """``train.forward`` of own data through blocks ``[start, end)`` (``end`` 0: the client part), or a
         ``train.zo_forward`` with ZO clients; ``weights`` (encoded once by the caller), when given, replace
         the slot's; ``timed_end``: charge it as if the range ended there (S²FL's adaptive cut)."""
-        end = self.cut if end is None else end
+        end = P.range_end(end, self.cut)
         if self.client_zo:
             c = self.cfg
             config = P.ZOForwardConfig(slot=slot, end=end, batch_size=batch, perturbations=c.perturbations,
@@ -183,7 +183,7 @@ class SplitMixin(HiddenClientModels, LabelPrivateSplit):
         return self.requests.forward(config, weights=weights, tag=tag, timed_end=timed_end)
 
     def backward_request(self, grad: torch.Tensor | ZOFeedback, nxt: str, next_batch: int = 0, *, start: int = 0,
-                         end: int | None = None, slot: str = P.OWN_SLOT, upload: bool = True,
+                         end: int = 0, slot: str = P.OWN_SLOT, upload: bool = True,
                          tag: object = None, timed_end: int | None = None) -> Request:
         """``train.backward`` of the activation gradient ``grad`` through the slot's blocks ``[start, end)``.
 

@@ -49,7 +49,6 @@ from fl_app import protocol as P
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
 from fl_app.models import BlockModel, split_model
-from fl_app.options import parse_cut_layers
 from fl_app.task import Task
 from strategies.core.base import SFLStrategy
 
@@ -77,7 +76,7 @@ def check_cut_layers(cls: type, cfg: RunConfig, task: Task) -> None:
     if cfg.get("label-defence-tail") != "exact" and defence == "none":
         raise ConfigError(f"label-defence-tail={cfg.get('label-defence-tail')} needs a label-defence "
                           "(max-norm, iso or marvell)")
-    cuts = parse_cut_layers(cfg.get("cut-layers"))
+    cuts = cfg.cuts
     if cuts is None:
         if cfg.get("label-defence") != "none":
             raise ConfigError(f"label-defence={cfg.get('label-defence')} needs a U-shaped split (cut-layers=c1,c2): "
@@ -134,7 +133,7 @@ class LabelPrivateSplit(SFLStrategy):
     @property
     def cuts(self) -> tuple[int, int] | None:
         """``(c1, c2)`` of a U-shaped run, None for a prefix split."""
-        return parse_cut_layers(self.cfg.get("cut-layers"))
+        return self.cfg.cuts
 
     @property
     def label_slot(self) -> str:
