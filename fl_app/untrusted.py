@@ -132,7 +132,7 @@ def run_dir_config(saved: Any, source: str, user: Mapping[str, Any] | None = Non
                               "value")
         values[str(key).replace("_", "-")] = value
     try:  # a plugin's keys folded into strategy-options are keys like the others (and checked as such)
-        folded = parse_strategy_options(str(values.get("strategy-options", "") or ""))
+        folded = parse_strategy_options(str(values.get("strategy-options") or ""))
     except ConfigError as err:
         raise ConfigError(f"{source}: {err}") from None
     for key, value in folded.items():
@@ -143,11 +143,11 @@ def run_dir_config(saved: Any, source: str, user: Mapping[str, Any] | None = Non
     for key in ignore:
         if key in values:
             values[key] = _DEFAULTS.get(key, values[key])
-    strategy = str(values.get("strategy", ""))
-    if ":" in strategy and str(user.get("strategy", "")) != strategy:
+    strategy = str(values.get("strategy") or "")
+    if ":" in strategy and str(user.get("strategy") or "") != strategy:
         raise ConfigError(f"{source} names the plugin strategy={strategy[:200]!r}, which sflower imports only when "
                           "you give that strategy= yourself")
-    preset = str(values.get("preset", "") or "")
+    preset = str(values.get("preset") or "")
     if preset and preset not in preset_names() and "preset" not in user:
         raise ConfigError(f"{source} names preset={preset[:200]!r}, not one of sflower's presets: pass preset=... "
                           "yourself")

@@ -179,7 +179,7 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
             if is_complete(run_dir):
                 print(f"[{i}/{len(runs)}] {run_dir.name}: done, skipped")
                 if attack is not None:
-                    attack_run(run_dir, attack, str(run_config(run).get("data-dir", "")))
+                    attack_run(run_dir, attack, str(given_or_default(run_config(run), "data-dir")))
                 continue
             print(f"[{i}/{len(runs)}] {run_dir.name}")
             cfg = run_config(run)

@@ -133,9 +133,9 @@ def label_attacks(held: ServerHoldings, labels: dict[int, np.ndarray], seed: int
     for p in pids:
         for start, end, first, count, cfg in _rounds(held.tail_events[p]):
             start = start if start is not None else dict(held.initial_tail.state_dict())
-            b = int(cfg.get("batch-size") or count)
+            b = int(cfg.get("batch-size") or count)  # cfg: the request's optimiser; an absent key is none
             est = label_counts(start[bias], end[bias], lr=float(cfg["lr"]), batch_size=b, steps=max(count // b, 1),
-                               momentum=float(cfg.get("momentum", 0.0)), weight_decay=float(cfg.get("weight-decay", 0.0)))
+                               momentum=float(cfg.get("momentum") or 0.0), weight_decay=float(cfg.get("weight-decay") or 0.0))
             bags.append(bag_accuracy(est, labels[p][first:first + count]))
             uniform.append(bag_accuracy(np.full(held.num_classes, count // held.num_classes), labels[p][first:first + count]))
             weights.append(count)
