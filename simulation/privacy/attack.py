@@ -235,7 +235,10 @@ def server_holdings(run_dir: Path, cfg: RunConfig, task: Any, saved: Any,
     lo = min((0.0 - m) / s for m, s in zip(mean, std))
     hi = max((1.0 - m) / s for m, s in zip(mean, std))
     heads: dict[int, torch.nn.Module] = {}
-    if saved.client_models:
+    if cfg.get("hide-client-models"):  # the saved client-side weights are NaN: the best guess is the public seed's
+        heads = {-1: task.build_segment(0, c1)}
+        note = "the public seed's initial head: the run hid the client-side models (hide-client-models)"
+    elif saved.client_models:
         heads = {int(p): m.segment(0, c1) for p, m in saved.client_models.items()}
         note = "each client's head as the server received it (model-clients.safetensors)"
     elif bool(getattr(get_strategy(cfg.strategy), "uploads_models", True)):

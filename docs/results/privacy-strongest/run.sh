@@ -15,6 +15,8 @@ declare -A V=(
   [u-nopeek-100]="strategy=splitfed-v1 cut-layers=1,9 nopeek-alpha=100"
   [u-noise-0.03]="strategy=splitfed-v1 cut-layers=1,9 act-clip=50 act-noise=0.03"
   [u-psl]="strategy=psl cut-layers=1,9"
+  [u-hidden]="strategy=splitfed-v1 cut-layers=1,9 hide-client-models=true"
+  [prefix-hidden]="strategy=splitfed-v1 cut-layer=1 hide-client-models=true"
 )
 names=("$@"); [ ${#names[@]} -gt 0 ] || names=(prefix u-none u-max-norm u-iso-1 u-iso-4 u-nopeek-100 u-noise-0.03 u-psl)
 for name in "${names[@]}"; do
