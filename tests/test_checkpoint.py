@@ -47,6 +47,12 @@ BASE = {
 }
 
 
+def for_strategy(strategy: str) -> dict:
+    """:data:`BASE` for ``strategy``, with GAS's ``covariance`` only for GAS (a strategy refuses a key it does
+    not read)."""
+    return {**{k: v for k, v in BASE.items() if strategy == "gas" or k != "covariance"}, "strategy": strategy}
+
+
 def _args(cfg: dict) -> list[str]:
     return [f"{k}={v}" for k, v in cfg.items()]
 
@@ -79,7 +85,7 @@ def _reference(tmp_path: Path, cfg: dict) -> Path:
 @pytest.mark.e2e  # a real sflower run process, SIGKILLed
 def test_gas_sigkill_after_iteration_3_resumes_identically(tmp_path, capsys):
     """SIGKILL a GAS run (a real subprocess) after checkpoint 3 of 6; the resumed metrics equal an uninterrupted run's."""
-    cfg = {**BASE, "strategy": "gas", "checkpoint-every": 3}
+    cfg = {**for_strategy("gas"), "checkpoint-every": 3}
     run_dir = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "simulation.cli", "run", "-q", *_args(cfg),
@@ -126,7 +132,7 @@ def _kill_after_row(monkeypatch, iteration: int) -> None:
                                              ("splitfed-v1", {"cut-layers": "2,9"})])  # U-shaped: tail slots
 def test_resume_after_later_rows_identical(tmp_path, monkeypatch, strategy, extra):
     """Checkpoints at 2 and 4 of 6, stopped after row 5: resume drops row 5, redoes it and matches."""
-    cfg = {**BASE, "strategy": strategy, "checkpoint-every": 2, **extra}
+    cfg = {**for_strategy(strategy), "checkpoint-every": 2, **extra}
     run_dir = tmp_path / "killed"
     with monkeypatch.context() as m:
         _kill_after_row(m, 5)
@@ -141,7 +147,7 @@ def test_resume_after_later_rows_identical(tmp_path, monkeypatch, strategy, extr
 @pytest.mark.slow  # two whole runs
 def test_checkpointing_changes_no_number(tmp_path):
     """A run that writes checkpoints gives the metrics of one that does not."""
-    cfg = {**BASE, "strategy": "fedbuff", "global-iterations": 3}
+    cfg = {**for_strategy("fedbuff"), "global-iterations": 3}
     out = tmp_path / "with"
     run_inprocess(plan_run(RunConfig.from_mapping({**cfg, "checkpoint-every": 1, "output-dir": str(out)})),
                   progress=False)
@@ -199,7 +205,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 def test_checkpoint_older_than_a_key_resumes(tmp_path, monkeypatch):
     """A checkpoint written before a key existed (its config lacks it) resumes when the key has its
     default, and ends where an uninterrupted run does."""
-    cfg = {**BASE, "strategy": "fedbuff", "global-iterations": 4, "checkpoint-every": 2}
+    cfg = {**for_strategy("fedbuff"), "global-iterations": 4, "checkpoint-every": 2}
     run_dir = tmp_path / "old"
     with monkeypatch.context() as m:
         _kill_after_row(m, 3)
@@ -324,7 +330,7 @@ _COVERED = ("gas", "splitfed-v1", "fedbuff")  # resumed by the tests above
 def test_every_strategy_writes_and_resumes_its_state(tmp_path, monkeypatch, strategy):
     """Each other strategy's state goes through the codec (a type outside its allowlist fails the write)
     and resumes identically: checkpoint at 1 of 3, stopped after row 2."""
-    cfg = {**BASE, "strategy": strategy, "global-iterations": 3, "checkpoint-every": 1}
+    cfg = {**for_strategy(strategy), "global-iterations": 3, "checkpoint-every": 1}
     run_dir = tmp_path / "killed"
     with monkeypatch.context() as m:
         _kill_after_row(m, 2)

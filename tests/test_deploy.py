@@ -344,9 +344,9 @@ def test_ushaped_deployed_equals_in_process_and_no_reply_carries_labels(tmp_path
 
     from simulation.engine import run_inprocess
     from simulation.server_app import plan_run
-    from tests.test_checkpoint import BASE, _same_metrics
+    from tests.test_checkpoint import _same_metrics, for_strategy
 
-    keys = {**{k: str(v) for k, v in BASE.items()}, "strategy": "splitfed-v1", "cut-layers": "2,9",
+    keys = {**{k: str(v) for k, v in for_strategy("splitfed-v1").items()}, "cut-layers": "2,9",
             "global-iterations": "3", "clock": "virtual", "privacy-record": "true"}
     summary, run_dir = _deploy(tmp_path, nodes="3", transport="session", **keys)
     assert summary["status"] == "completed" and summary["failed_clients"] == []

@@ -32,7 +32,7 @@ from strategies.core import client_states
 from simulation.timing.clocks import VirtualClock
 from strategies.core.dispatcher import Dispatcher, Request
 from strategies.core.errors import RunFailedError
-from tests.test_checkpoint import BASE, _columns, _reference, _same_metrics
+from tests.test_checkpoint import BASE, _columns, _reference, _same_metrics, for_strategy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -151,7 +151,7 @@ class _LosesNode:
 def test_a_lost_node_rolls_the_run_back_to_its_checkpoint(tmp_path, strategy):
     """node-loss=rollback: the run goes back to its last checkpoint, restores every client's state (the lost
     node's included) and ends with the metrics of a run that lost nothing."""
-    cfg = {**BASE, "strategy": strategy}
+    cfg = {**for_strategy(strategy)}
     out = tmp_path / "rolled"
     plan = plan_run(RunConfig.from_mapping({**cfg, "checkpoint-every": 1, "node-loss": "rollback",
                                             "output-dir": str(out)}))
@@ -162,7 +162,7 @@ def test_a_lost_node_rolls_the_run_back_to_its_checkpoint(tmp_path, strategy):
 
 
 def test_a_lost_node_is_excluded_by_default_and_rollback_needs_checkpoints(tmp_path, capsys):
-    plan = plan_run(RunConfig.from_mapping({**BASE, "strategy": "splitfed-v1", "output-dir": str(tmp_path / "x")}))
+    plan = plan_run(RunConfig.from_mapping({**for_strategy("splitfed-v1"), "output-dir": str(tmp_path / "x")}))
     summary = run_inprocess(plan, progress=False, client_app=_LosesNode(pid=1, at=2))
     assert summary["failed_clients"] == [1] and summary["rollbacks"] == 0
     assert cli.main(["run", "node-loss=rollback"]) == 2
@@ -191,7 +191,7 @@ def _reference_in_its_own_process(tmp_path, cfg: dict):
 def test_ray_run_sigkilled_after_a_checkpoint_resumes_identically(tmp_path, strategy):
     """SIGKILL a Ray run (its process group: the driver and Ray's workers) once checkpoint 3 of 6 is on disk;
     ``engine=ray resume=RUN_DIR`` finishes it with the metrics of an uninterrupted in-process run."""
-    cfg = {**BASE, "strategy": strategy}
+    cfg = {**for_strategy(strategy)}
     run_dir = tmp_path / "killed"
     proc = _run_cli("engine=ray", *[f"{k}={v}" for k, v in cfg.items()], "checkpoint-every=1",
                     f"output-dir={run_dir}")

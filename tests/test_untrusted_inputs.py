@@ -283,6 +283,7 @@ def test_summary_and_sweep_json(tmp_path, monkeypatch):
     """summary.json, inversion.json: bounded size and depth; the sweep treats an unreadable summary as unfinished."""
     from fl_app import untrusted
     from simulation import sweep
+    from simulation.outputs import results
 
     run_dir = tmp_path / "r"
     run_dir.mkdir()
@@ -298,7 +299,7 @@ def test_summary_and_sweep_json(tmp_path, monkeypatch):
     (run_dir / "privacy").mkdir()
     (run_dir / "privacy" / "inversion.json").write_bytes(b"\xff\xfe")
     with pytest.raises(ConfigError, match="not valid JSON"):
-        sweep.inversion_columns(run_dir)
+        results.inversion_columns(run_dir)
 
 
 def test_sweep_and_preset_toml(tmp_path):

@@ -462,4 +462,4 @@ def test_the_clients_records_are_appended_and_a_cut_short_end_is_left_out(tmp_pa
     audit.write_text('{"reply": "train.forward", "label_record": true, "label_arrays": ["labels/y"]}\n'
                      '{"reply": "train.backward", "label_record": false, "label_arrays": []}\n{"reply": "tr')
     assert read_audit(audit) == {"replies": 2, "label_records": ["train.forward"],
-                                 "label_arrays": ["train.forward:labels/y"]}
+                                 "label_arrays": ["train.forward:labels/y"], "index_arrays": []}
