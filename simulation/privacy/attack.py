@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from fl_app.config import RunConfig
-from fl_app.options import parse_cut_layers
+from fl_app.options import Option
 from fl_app.errors import ConfigError
 from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR, read_tail_truth, tail_truth_path
 from fl_app.task import load_task
@@ -60,8 +60,19 @@ from simulation.privacy.record import RECEIVED_FILE, read_tail_events
 from simulation.privacy.strongest import ServerHoldings, inversion_attacks, label_attacks, worst_case
 from strategies.core.registry import get_strategy
 
-#: The keys of ``sflower attack`` and their defaults.
-ATTACK_KEYS: dict[str, Any] = {"aux": "holdout", "epochs": 20, "shadow-epochs": 10, "seed": 0, "data-dir": ""}
+#: The keys of ``sflower attack``, declared and parsed as run-config keys are
+#: (:class:`~fl_app.options.Option`: :meth:`~fl_app.options.Option.coerce`, :meth:`~fl_app.options.Option.validate`).
+ATTACK_OPTIONS: tuple[Option, ...] = (
+    Option("aux", "holdout", "the attacker's auxiliary images: `holdout` (its own, disjoint from training) or `test`",
+           choices=("holdout", "test")),
+    Option("epochs", 20, "epochs of the learned decoder (activations to images)", at_least=0),
+    Option("shadow-epochs", 10, "epochs of the shadow client-side model, where the server holds none", at_least=0),
+    Option("seed", 0, "seed of the decoder's and shadow's initial weights and of the sample drawn", at_least=0),
+    Option("data-dir", "", "the dataset's directory, where the run's is not this machine's (the user's wins)"),
+)
+#: The attack keys' defaults, by key.
+ATTACK_KEYS: dict[str, Any] = {opt.key: opt.default for opt in ATTACK_OPTIONS}
+_ATTACK_OPTIONS = {opt.key: opt for opt in ATTACK_OPTIONS}
 #: The result files, under ``RUN_DIR/privacy/``.
 RESULT_JSON, RESULT_CSV, RESULT_PNG = "inversion.json", "inversion.csv", "inversion.png"
 #: Every attack's row and the worst case over them, under ``RUN_DIR/privacy/``.
@@ -71,26 +82,20 @@ COLUMNS = ("strategy", "cut_layer", "seed", "nopeek_alpha", "act_clip", "act_noi
            "samples", "mse", "psnr", "ssim", "psnr_floor", "test_accuracy")
 
 
-def attack_options(pairs: dict[str, str]) -> dict[str, Any]:
-    """The attack's keys from ``KEY=VALUE`` pairs, typed as :data:`ATTACK_KEYS`' defaults.
+def attack_options(pairs: dict[str, Any]) -> dict[str, Any]:
+    """The attack's keys from ``KEY=VALUE`` pairs, each parsed and checked by its :data:`ATTACK_OPTIONS` entry.
 
     Raises:
-        ConfigError: an unknown key, a bad value, ``aux`` other than ``holdout``/``test`` (one line).
+        ConfigError: an unknown key, a value of the wrong type or out of range (one line).
     """
-    unknown = sorted(set(pairs) - set(ATTACK_KEYS))
+    unknown = sorted(set(pairs) - set(_ATTACK_OPTIONS))
     if unknown:
-        raise ConfigError(f"attack takes {', '.join(ATTACK_KEYS)}, not {', '.join(unknown)}")
+        raise ConfigError(f"attack takes {', '.join(_ATTACK_OPTIONS)}, not {', '.join(unknown)}")
     out = dict(ATTACK_KEYS)
-    for key, value in pairs.items():
-        try:
-            out[key] = type(ATTACK_KEYS[key])(value)
-        except ValueError:
-            raise ConfigError(f"attack: {key}={value!r} is not a valid {type(ATTACK_KEYS[key]).__name__}") from None
-    if out["aux"] not in ("holdout", "test"):
-        raise ConfigError(f"attack: aux must be holdout or test, got {out['aux']!r}")
-    for key in ("epochs", "shadow-epochs", "seed"):
-        if out[key] < 0:
-            raise ConfigError(f"attack: {key} must be >= 0, got {out[key]}")
+    for key, raw in pairs.items():
+        opt = _ATTACK_OPTIONS[key]
+        out[key] = opt.coerce(raw)
+        opt.validate(out[key])
     return out
 
 
@@ -116,7 +121,7 @@ def _pairs(run_dir: Path, cfg: RunConfig) -> tuple[list[int], torch.Tensor, torc
         raise ConfigError(f"{run_dir}: no {PRIVACY_DIR}/{RECEIVED_FILE} (run with privacy-record=true "
                           "output-dir=RUN_DIR, on a strategy whose clients send activations)")
     received = read_npz(path)
-    lossless = cfg.get("compress-up") == "none"
+    lossless = cfg.lossless_up
     pids, xs, origs, unmatched = [], [], [], []
     try:
         for name in sorted(received.files, key=lambda n: (len(n), n)):
@@ -167,7 +172,7 @@ def run_attack(run_dir: str | Path, **options: Any) -> dict[str, Any]:
     task = load_task(cfg)
     saved = load_saved_model(run_dir)
     cut, n_blocks = int(cfg.cut_layer), len(saved.model.blocks)
-    cuts = parse_cut_layers(str(cfg.get("cut-layers")))
+    cuts = cfg.cuts
     pids, received, originals, unmatched = _pairs(run_dir, cfg)
     x_aux, y_aux = _aux(task, opts["aux"])
     gen = torch.Generator().manual_seed(int(opts["seed"]))
@@ -228,7 +233,7 @@ def server_holdings(run_dir: Path, cfg: RunConfig, task: Any, saved: Any,
     its record of the tails (U-shaped), the run's seed's tail, the client-side model ``[0, c1)`` it holds
     (each client's from ``model-clients.safetensors`` where the run saved them, else the aggregated one where
     the strategy uploads client-side models), the activations it received."""
-    cuts = parse_cut_layers(str(cfg.get("cut-layers")))
+    cuts = cfg.cuts
     n_blocks = len(saved.model.blocks)
     c1 = cuts[0] if cuts else int(cfg.cut_layer)
     mean, std = task.data.mean, task.data.std
