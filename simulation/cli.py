@@ -68,6 +68,8 @@ def _run(args: argparse.Namespace) -> int:
     if resume is not None:
         pairs = resume_pairs(resume, pairs)
     cfg = RunConfig.from_mapping(pairs)
+    if resume is None and _run_vertical(cfg, engine, args.quiet):
+        return 0
     plan = plan_run(cfg)
     if resume is not None:
         plan.resume_from = Path(resume) / ckpt.CHECKPOINT_FILE
@@ -95,6 +97,30 @@ def _run(args: argparse.Namespace) -> int:
           f"(best {summary['best_accuracy']:.4f}) after {summary['global_iterations']} global iterations, "
           f"{summary['virtual_time_s']:.1f} virtual s, {summary['wall_time_s']:.1f} wall s -> {plan.out_dir}")
     return 0
+
+
+def _run_vertical(cfg: RunConfig, engine: str, quiet: bool) -> bool:
+    """Run ``cfg`` if its strategy is vertical (:mod:`simulation.vertical`); False: it is not.
+
+    Raises:
+        RunFailedError: a party failed (one line, as every run's).
+    """
+    from fl_app.plugins import strategy_class
+    from simulation.vertical import is_vertical, run_vertical
+
+    cls = strategy_class(cfg.strategy)
+    if not is_vertical(cls):
+        return False
+    if not quiet:
+        from strategies.core.progress import stop_waiting
+
+        stop_waiting()
+        print(f"sflower run: {cls.name} on {cfg.dataset}, label party: {cfg.label_party}", flush=True)
+    s = run_vertical(cfg, cls, engine=engine)
+    print(f"{s['strategy']}: final accuracy {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f}) after "
+          f"{s['global_iterations']} iterations; PSI ({s['psi_backend']}) {s['intersection']} shared rows, "
+          f"{s['psi_bytes']} bytes; {s['virtual_time_s']:.2f} virtual s -> {s['output_dir']}")
+    return True
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
