@@ -68,8 +68,9 @@ def _run(args: argparse.Namespace) -> int:
     if resume is not None:
         pairs = resume_pairs(resume, pairs)
     cfg = RunConfig.from_mapping(pairs)
-    if resume is None and _run_vertical(cfg, engine, args.quiet):
-        return 0
+    vertical = _run_vertical(cfg, engine, args.quiet) if resume is None else None
+    if vertical is not None:
+        return vertical
     plan = plan_run(cfg)
     if resume is not None:
         plan.resume_from = Path(resume) / ckpt.CHECKPOINT_FILE
@@ -99,28 +100,29 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_vertical(cfg: RunConfig, engine: str, quiet: bool) -> bool:
-    """Run ``cfg`` if its strategy is vertical (:mod:`simulation.vertical`); False: it is not.
-
-    Raises:
-        RunFailedError: a party failed (one line, as every run's).
-    """
+def _run_vertical(cfg: RunConfig, engine: str, quiet: bool) -> int | None:
+    """Run ``cfg`` if its strategy is vertical (:mod:`simulation.vertical`): its exit status; None: it is not."""
     from fl_app.plugins import strategy_class
     from simulation.vertical import is_vertical, run_vertical
+    from strategies.core.errors import RunFailedError
 
     cls = strategy_class(cfg.strategy)
     if not is_vertical(cls):
-        return False
+        return None
     if not quiet:
         from strategies.core.progress import stop_waiting
 
         stop_waiting()
         print(f"sflower run: {cls.name} on {cfg.dataset}, label party: {cfg.label_party}", flush=True)
-    s = run_vertical(cfg, cls, engine=engine)
+    try:
+        s = run_vertical(cfg, cls, engine=engine)
+    except RunFailedError as err:
+        print(f"sflower: run failed: {err}", file=sys.stderr)
+        return EXIT_FAILED
     print(f"{s['strategy']}: final accuracy {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f}) after "
           f"{s['global_iterations']} iterations; PSI ({s['psi_backend']}) {s['intersection']} shared rows, "
           f"{s['psi_bytes']} bytes; {s['virtual_time_s']:.2f} virtual s -> {s['output_dir']}")
-    return True
+    return 0
 
 
 def cmd_partition(args: argparse.Namespace) -> int:

@@ -95,10 +95,10 @@ class VerticalSL:
         """
         out, messages = {}, []
         for party, content in requests.items():
-            self.bytes_down += _size(content)
-            if party == 0 and self.cfg.label_party == "server":
+            if party == 0 and self.cfg.label_party == "server":  # in the ServerApp: no transfer
                 out[0] = handle(content, self.server_state, {PARTY: 0})
             else:
+                self.bytes_down += _size(content)
                 messages.append(Message(content, self.nodes[party], "query.vertical"))
         if messages:
             by_node = {v: k for k, v in self.nodes.items()}
@@ -107,8 +107,7 @@ class VerticalSL:
                     raise RunFailedError(f"party {by_node[reply.metadata.src_node_id]}: "
                                          f"{reply.error.reason.strip().splitlines()[-1]}")
                 out[by_node[reply.metadata.src_node_id]] = reply.content
-        for content in out.values():
-            self.bytes_up += _size(content)
+                self.bytes_up += _size(reply.content)
         self.exchanges += 1
         return out
 
