@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -99,6 +100,21 @@ def predict(top: nn.Module, embeddings: Sequence[torch.Tensor], labels: torch.Te
     with torch.no_grad():
         logits = top(join_embeddings(embeddings, join))
         return float(nn.functional.cross_entropy(logits, labels)), float((logits.argmax(1) == labels).float().mean())
+
+
+def split_positions(n: int, seed: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """The label party's seeded split of the ``n`` aligned rows: ``(train, test)`` positions (test sorted)."""
+    perm = np.random.default_rng([int(seed), 45, 1]).permutation(n)
+    n_test = max(1, round(float(test_fraction) * n))
+    return perm[n_test:], np.sort(perm[:n_test])
+
+
+def batch_positions(train: np.ndarray, batch: int, iteration: int, seed: int) -> np.ndarray:
+    """Mini-batch ``iteration``: seeded passes over ``train`` (a fresh order each pass), ``batch`` rows, sorted."""
+    per_epoch = max(1, len(train) // batch)
+    epoch, k = divmod(iteration, per_epoch)
+    order = train[np.random.default_rng([int(seed), 45, 2, epoch]).permutation(len(train))]
+    return np.sort(order[k * batch:(k + 1) * batch]) if len(train) >= batch else np.sort(order)
 
 
 def model_flops(model: nn.Module, batch: int) -> float:

@@ -149,10 +149,10 @@ def handle(content: RecordDict, state: RecordDict, node_config: dict[str, Any]) 
             raise ConfigError("PSI: the parties share no sample ID (empty intersection)")
         where = {i: k for k, i in enumerate(party.table.ids)}
         party.set_aligned([where[i] for i in ids])
-        perm = np.random.default_rng([int(cfg["seed"]), 45, 1]).permutation(len(ids))
-        n_test = max(1, round(float(cfg["test-fraction"]) * len(ids)))
-        state[SPLIT] = ArrayRecord({"test": tensor_array(torch.from_numpy(np.sort(perm[:n_test]))),
-                                    "train": tensor_array(torch.from_numpy(perm[n_test:]))})
+        train, test = V.split_positions(len(ids), int(cfg["seed"]), float(cfg["test-fraction"]))
+        n_test = len(test)
+        state[SPLIT] = ArrayRecord({"test": tensor_array(torch.from_numpy(test)),
+                                    "train": tensor_array(torch.from_numpy(train))})
         return RecordDict({CFG: ConfigRecord({"count": len(ids), "test": n_test})})
     if op == "batch":
         return _batch(party, cfg)
@@ -172,11 +172,7 @@ def _batch(party: Party, cfg: ConfigRecord) -> RecordDict:
     if str(cfg["phase"]) == "test":
         return RecordDict({"positions": tensor_record("positions", record_tensor(split, "test"))})
     train = record_tensor(split, "train").numpy()
-    b, it = int(cfg["batch-size"]), int(cfg["iteration"])
-    per_epoch = max(1, len(train) // b)
-    epoch, k = divmod(it, per_epoch)
-    order = train[np.random.default_rng([int(cfg["seed"]), 45, 2, epoch]).permutation(len(train))]
-    pos = np.sort(order[k * b:(k + 1) * b]) if len(train) >= b else np.sort(order)
+    pos = V.batch_positions(train, int(cfg["batch-size"]), int(cfg["iteration"]), int(cfg["seed"]))
     return RecordDict({"positions": tensor_record("positions", torch.from_numpy(pos))})
 
 
