@@ -195,13 +195,28 @@ def _train(party: Party, op: str, content: RecordDict) -> RecordDict:
         loss, acc = V.predict(top, [own, *others], y, party.join)
         return RecordDict({"metrics": MetricRecord({"loss": loss, "accuracy": acc})})
     loss, grads = V.top_step(top, [own, *others], y, party.join, party.lr)
-    V.bottom_backward(bottom, x, grads[0], party.lr)
+    V.bottom_backward(bottom, x, grads[0], party.lr)  # its own bottom steps on the exact gradient
     party.keep(TOP, top)
     party.keep(BOTTOM, bottom)
-    out = RecordDict({"metrics": MetricRecord({"loss": loss})})
-    for k, g in enumerate(grads[1:], start=1):
+    released, power = _released(party.cfg, grads[1:], y)
+    out = RecordDict({"metrics": MetricRecord({"loss": loss, "noise_power": power})})
+    for k, g in enumerate(released, start=1):
         out[f"g{k}"] = tensor_record("g", g)
     return out
+
+
+def _released(cfg: ConfigRecord, grads: list[torch.Tensor], y: torch.Tensor) -> tuple[list[torch.Tensor], float]:
+    """The gradients as the label party releases them (``label-defence``: none, max-norm, iso, Marvell; Li et al.
+    2022, :mod:`fl_app.label_defence`), and the noise's mean squared norm per row, summed over the parties."""
+    defence = str(cfg["defence"])
+    if defence == "none":
+        return grads, 0.0
+    from fl_app.label_defence import defence_generator, perturb
+
+    strength = float(cfg["noise"]) if defence == "iso" else float(cfg["power"])
+    out = [perturb(g, defence, strength, defence_generator(int(cfg["seed"]), k, int(cfg["iteration"])), labels=y)
+           for k, g in enumerate(grads, start=1)]
+    return out, float(sum(((r - g) ** 2).sum(1).mean() for r, g in zip(out, grads)))
 
 
 app = ClientApp()

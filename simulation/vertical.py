@@ -31,13 +31,18 @@ def check_vertical(cfg: RunConfig) -> None:
     """Refuse, in one line, a configuration a vertical run cannot take.
 
     Raises:
-        ConfigError: a dataset that is not vertical, or ``vertical-parties`` other than 2 on a CSV pair.
+        ConfigError: a dataset that is not vertical, ``vertical-parties`` other than 2 on a CSV pair, a
+            ``label-defence`` without its strength (or a strength without it).
     """
     names = [*VERTICAL_DATASETS, FMNIST]
     if cfg.dataset not in names:
         raise ConfigError(f"strategy=vertical-sl needs a vertical dataset ({', '.join(names)}), not {cfg.dataset}")
     if cfg.dataset != FMNIST and cfg.vertical_parties != 2:
         raise ConfigError(f"vertical-parties={cfg.vertical_parties}: {cfg.dataset} has 2 parties (its CSV pair)")
+    if (cfg.label_defence == "iso") != (cfg.label_noise > 0) or (cfg.label_defence == "marvell") != (cfg.label_power > 0):
+        raise ConfigError("label-defence=iso goes with label-noise > 0 and label-defence=marvell with label-power > 0 "
+                          f"(got label-defence={cfg.label_defence}, label-noise={cfg.label_noise:g}, "
+                          f"label-power={cfg.label_power:g})")
 
 
 def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess") -> dict[str, Any]:

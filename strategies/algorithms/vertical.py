@@ -76,6 +76,7 @@ class VerticalSL:
         self.nodes: dict[int, int] = {}
         self.rows: list[dict[str, Any]] = []
         self.shared = self.test = 0
+        self.noise_power = 0.0  # summed over the steps: the label defence's mean squared noise norm per row
 
     # ------------------------------------------------------------------ relay
     def settings(self, op: str, **extra: Any) -> ConfigRecord:
@@ -85,7 +86,8 @@ class VerticalSL:
                              "overlap": c.vertical_overlap, "seed": c.seed, "parties": c.vertical_parties,
                              "rows": c.vertical_rows, "join": c.vertical_join, "lr": c.lr,
                              "embedding": c.vertical_embedding, "test-fraction": c.vertical_test_fraction,
-                             "batch-size": c.batch_size, "backend": self.backend, **extra})
+                             "batch-size": c.batch_size, "backend": self.backend, "defence": c.label_defence,
+                             "noise": c.label_noise, "power": c.label_power, **extra})
 
     def exchange(self, requests: Mapping[int, RecordDict]) -> dict[int, RecordDict]:
         """Send each party its content (in parallel), return each reply's content; meter the bytes.
@@ -167,7 +169,7 @@ class VerticalSL:
         b = len(record_tensor(pos, "positions"))
         feats = range(1, self.parties)
         emb = self.exchange({k: _msg(self.settings("forward"), positions=pos) for k in feats})
-        top = _msg(self.settings("top" if phase == "train" else "evaluate"), positions=pos)
+        top = _msg(self.settings("top" if phase == "train" else "evaluate", iteration=iteration), positions=pos)
         for k in feats:
             top[f"e{k}"] = emb[k]["embedding"]
         up = 32.0 * b * self.cfg.vertical_embedding
@@ -178,6 +180,7 @@ class VerticalSL:
             return dict(reply["metrics"])
         self.exchange({k: _msg(self.settings("backward"), positions=pos, grad=reply[f"g{k}"]) for k in feats})
         self.charge(2 * up, flops)
+        self.noise_power += float(reply["metrics"]["noise_power"])
         return dict(reply["metrics"])
 
     def run(self) -> dict[str, Any]:
@@ -208,6 +211,7 @@ class VerticalSL:
                 "bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "psi_backend": self.backend,
                 "psi_bytes": self.psi_bytes, "psi_virtual_s": self.psi_virtual_s, "psi_cpu_s": self.psi_cpu_s,
                 "intersection": self.shared, "test_rows": self.test, "label_party": self.cfg.label_party,
+                "label_noise_power": self.noise_power / max(1, it),
                 "status": "completed"}
 
 
