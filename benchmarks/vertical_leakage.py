@@ -80,9 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", default="../shared/data")
     p.add_argument("--out", default="docs/results/vertical-leakage")
+    p.add_argument("--table-only", action="store_true", help="only render table.md from the CSV already written")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.table_only:
+        write_table(out, "leakage.csv")
+        return 0
     rows = []
     for label, keys in DEFENCES:
         with tempfile.TemporaryDirectory() as tmp:
@@ -99,7 +103,25 @@ def main(argv: list[str] | None = None) -> int:
         w.writerows(rows)
     (out / "command.txt").write_text(f"python -m benchmarks.vertical_leakage --dataset {args.dataset} "
                                      f"--iterations {args.iterations} --seed {args.seed} --out {args.out}\n")
+    write_table(out, "leakage.csv")
     return 0
+
+
+def write_table(out: Path, csv_name: str) -> None:
+    """``out/table.md``: the CSV ``out/csv_name`` as a markdown table (what the docs page includes)."""
+    with open(out / csv_name, newline="") as f:
+        rows = list(csv.reader(f))
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(_cell(v) for v in r) + " |" for r in rows[1:]]
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+def _cell(value: str) -> str:
+    try:
+        x = float(value)
+    except ValueError:
+        return value
+    return value if x == int(x) and "." not in value else f"{x:.4g}"
 
 
 if __name__ == "__main__":

@@ -36,9 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="10000")
     p.add_argument("--overlap", type=float, default=0.8)
     p.add_argument("--out", default="docs/results/vertical-psi")
+    p.add_argument("--table-only", action="store_true", help="only render table.md from the CSV already written")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.table_only:
+        write_table(out, "psi.csv")
+        return 0
     rows = []
     backends = [b for b in BACKENDS if b != "openmined" or openmined_available()]
     for n in (int(s) for s in args.sizes.split(",")):
@@ -62,7 +66,25 @@ def main(argv: list[str] | None = None) -> int:
     (out / "machine.txt").write_text(f"{platform.processor() or platform.machine()} {platform.python_version()}\n"
                                      f"command: python -m benchmarks.vertical_psi --sizes {args.sizes} "
                                      f"--overlap {args.overlap} --out {args.out}\n")
+    write_table(out, "psi.csv")
     return 0
+
+
+def write_table(out: Path, csv_name: str) -> None:
+    """``out/table.md``: the CSV ``out/csv_name`` as a markdown table (what the docs page includes)."""
+    with open(out / csv_name, newline="") as f:
+        rows = list(csv.reader(f))
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(_cell(v) for v in r) + " |" for r in rows[1:]]
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+def _cell(value: str) -> str:
+    try:
+        x = float(value)
+    except ValueError:
+        return value
+    return value if x == int(x) and "." not in value else f"{x:.4g}"
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ STRATEGY = "strategies.algorithms.vertical:VerticalSL"
 
 
 def _cfg(tmp_path, name="run", **kw) -> RunConfig:
-    base = {"strategy": STRATEGY, "dataset": "vertical-breast", "data-dir": str(DATA), "global-iterations": 120,
+    base = {"strategy": STRATEGY, "dataset": "vertical-breast", "data-dir": str(DATA), "global-iterations": 80,
             "eval-every": 40, "batch-size": 32, "lr": 0.1, "vertical-overlap": 0.9, "psi-backend": "dh",
             "output-dir": str(tmp_path / name)}
     return RunConfig.from_mapping({**base, **kw})
@@ -196,7 +196,7 @@ def test_vertical_sl_learns_breast_cancer_deterministically(tmp_path):
     s = run_vertical(_cfg(tmp_path, "a"), VerticalSL)
     assert s["final_accuracy"] >= 0.9 and 400 < s["intersection"] < 520 and s["psi_bytes"] > 0
     rows = _metrics(tmp_path / "a")
-    assert [int(r["global_iteration"]) for r in rows] == [0, 40, 80, 120]
+    assert [int(r["global_iteration"]) for r in rows] == [0, 40, 80]
     assert float(rows[0]["test_accuracy"]) < float(rows[-1]["test_accuracy"])
     assert float(rows[0]["virtual_time_s"]) > 0  # the PSI is on the clock before the first step
     run_vertical(_cfg(tmp_path, "b"), VerticalSL)
@@ -271,3 +271,14 @@ def test_returned_gradients_leak_labels_and_marvell_reduces_it(tmp_path):
 def test_a_label_defence_without_its_strength_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="label-defence=marvell with label-power > 0"):
         run_vertical(_cfg(tmp_path, **{"label-defence": "marvell"}), VerticalSL)
+
+
+def test_no_shared_id_stops_the_run_in_one_line(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    tables = [PartyTable([f"a{i}" for i in range(50)], rng.normal(size=(50, 2)).astype(np.float32),
+                         rng.integers(0, 2, 50)),
+              PartyTable([f"b{i}" for i in range(50)], rng.normal(size=(50, 2)).astype(np.float32))]
+    monkeypatch.setattr(vertical_party, "_tables", lambda *a: (tables, 2))
+    with pytest.raises(ConfigError, match="party 0: PSI: the parties share no sample ID") as err:
+        run_vertical(_cfg(tmp_path), VerticalSL)
+    assert "\n" not in str(err.value)

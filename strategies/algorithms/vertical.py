@@ -106,8 +106,7 @@ class VerticalSL:
             by_node = {v: k for k, v in self.nodes.items()}
             for reply in self.grid.send_and_receive(messages):
                 if reply.has_error():
-                    raise RunFailedError(f"party {by_node[reply.metadata.src_node_id]}: "
-                                         f"{reply.error.reason.strip().splitlines()[-1]}")
+                    _raise(by_node[reply.metadata.src_node_id], reply.error.reason)
                 out[by_node[reply.metadata.src_node_id]] = reply.content
                 self.bytes_up += _size(reply.content)
         self.exchanges += 1
@@ -127,7 +126,7 @@ class VerticalSL:
                                               for n in ids])
         for r in replies:
             if r.has_error():
-                raise ConfigError(f"vertical party handshake: {r.error.reason.strip().splitlines()[-1]}")
+                _raise(None, r.error.reason)
             self.nodes[int(r.content[CFG]["party"])] = r.metadata.src_node_id
         want = set(range(self.parties)) - ({0} if self.cfg.label_party == "server" else set())
         if set(self.nodes) != want:
@@ -222,6 +221,21 @@ def model_flops_estimate(strategy: VerticalSL, batch: int) -> float:
     """
     h = strategy.cfg.vertical_embedding
     return 6.0 * batch * (64 * h + joined_width(h, strategy.parties, strategy.cfg.vertical_join) * 16 + 16 * 10)
+
+
+def _raise(party: int | None, reason: str) -> None:
+    """A party's error reply as one line: its input's fault (``ConfigError: ...``) is a ConfigError, else the run
+    failed.
+
+    Raises:
+        ConfigError: the party refused its data or the run's settings.
+        RunFailedError: any other failure.
+    """
+    last = (reason.strip().splitlines() or ["no reason given"])[-1]
+    who = "a vertical party" if party is None else f"party {party}"
+    if last.startswith("ConfigError: "):
+        raise ConfigError(f"{who}: {last.removeprefix('ConfigError: ')}")
+    raise RunFailedError(f"{who}: {last}")
 
 
 def _msg(config: ConfigRecord, **arrays: Any) -> RecordDict:
