@@ -137,31 +137,6 @@ class VerticalSL:
         """K, the parties (the label party included)."""
         return self.cfg.vertical_parties if self.cfg.dataset == "vertical-fmnist" else 2
 
-    def align(self) -> None:
-        """The two PSI rounds through the relay; their curve operations and bytes on the virtual clock."""
-        t0, b0 = time.process_time(), self.bytes_up + self.bytes_down
-        for k in range(1, self.parties):  # round 1: the label party learns I_k
-            req = self.exchange({0: _msg(self.settings("psi_request"))})[0][CFG]["blob"]
-            resp = self.exchange({k: _msg(self.settings("psi_respond", blob=req, source="own"))})[k][CFG]["blob"]
-            self.exchange({0: _msg(self.settings("psi_intersect", blob=resp))})
-            self._charge_psi(len(req), len(resp))
-        done = self.exchange({0: _msg(self.settings("psi_finish"))})[0][CFG]
-        self.shared, self.test = int(done["count"]), int(done["test"])
-        for k in range(1, self.parties):  # round 2: feature party k learns I
-            req = self.exchange({k: _msg(self.settings("psi_request"))})[k][CFG]["blob"]
-            resp = self.exchange({0: _msg(self.settings("psi_respond", blob=req, source="shared"))})[0][CFG]["blob"]
-            count = int(self.exchange({k: _msg(self.settings("psi_intersect", blob=resp))})[k][CFG]["count"])
-            if count != self.shared:
-                raise RunFailedError(f"PSI: feature party {k} aligned {count} rows, the label party {self.shared}")
-            self._charge_psi(len(req), len(resp))
-        self.psi_cpu_s = time.process_time() - t0
-        self.psi_bytes = self.bytes_up + self.bytes_down - b0
-
-    def _charge_psi(self, req: int, resp: int) -> None:
-        # curve operations: the receiver's 2 per request point... counted from the message sizes (32 B a point)
-        ops = (req + 2 * resp) / 32.0
-        self.psi_virtual_s += self.charge(8.0 * (req + resp), cpu_s=ops / PSI_OPS_PER_S)
-
     def step(self, iteration: int, phase: str = "train") -> dict[str, float]:
         """One synchronous mini-batch (``train``) or the test evaluation (``test``)."""
         pos = self.exchange({0: _msg(self.settings("batch", phase=phase, iteration=iteration))})[0]["positions"]
@@ -186,10 +161,11 @@ class VerticalSL:
         """Handshake, PSI, ``global-iterations`` mini-batches with evaluations; returns the summary."""
         wall = time.perf_counter()
         self.handshake()
-        self.align()
+        align(self)
         it = 0
         while True:
-            if it % max(1, self.cfg.eval_every or 1) == 0 or it == self.cfg.global_iterations:
+            every = self.cfg.eval_every  # 0: only before the first step and after the last
+            if it == 0 or (every and it % every == 0) or it == self.cfg.global_iterations:
                 m = self.step(it, "test")
                 self.rows.append({"global_iteration": it, "server_updates": it,
                                   "virtual_time_s": round(self.virtual_s, 6),
@@ -212,6 +188,43 @@ class VerticalSL:
                 "intersection": self.shared, "test_rows": self.test, "label_party": self.cfg.label_party,
                 "label_noise_power": self.noise_power / max(1, it),
                 "status": "completed"}
+
+
+def align(s: VerticalSL) -> None:
+    """The two PSI rounds of ``s``'s parties through the relay (:func:`fl_app.psi.align`'s protocol, one
+    message at a time); their curve operations and bytes on the virtual clock.
+
+    Raises:
+        ConfigError: no shared ID (the label party's one line).
+        RunFailedError: a feature party aligned another number of rows than the label party.
+    """
+    t0, b0 = time.process_time(), s.bytes_up + s.bytes_down
+    for k in range(1, s.parties):  # round 1: the label party learns I_k
+        req = s.exchange({0: _msg(s.settings("psi_request"))})[0][CFG]["blob"]
+        resp = s.exchange({k: _msg(s.settings("psi_respond", blob=req, source="own"))})[k][CFG]["blob"]
+        s.exchange({0: _msg(s.settings("psi_intersect", blob=resp))})
+        _charge_psi(s, len(req), len(resp))
+    done = s.exchange({0: _msg(s.settings("psi_finish"))})[0][CFG]
+    s.shared, s.test = int(done["count"]), int(done["test"])
+    for k in range(1, s.parties):  # round 2: feature party k learns I
+        req = s.exchange({k: _msg(s.settings("psi_request"))})[k][CFG]["blob"]
+        resp = s.exchange({0: _msg(s.settings("psi_respond", blob=req, source="shared"))})[0][CFG]["blob"]
+        count = int(s.exchange({k: _msg(s.settings("psi_intersect", blob=resp))})[k][CFG]["count"])
+        if count != s.shared:
+            raise RunFailedError(f"PSI: feature party {k} aligned {count} rows, the label party {s.shared}")
+        _charge_psi(s, len(req), len(resp))
+    s.psi_cpu_s = time.process_time() - t0
+    s.psi_bytes = s.bytes_up + s.bytes_down - b0
+
+
+def _charge_psi(s: VerticalSL, req: int, resp: int) -> None:
+    """Charge one PSI: its bytes, and its curve multiplications at :data:`PSI_OPS_PER_S`.
+
+    Counted from the message sizes at 32 bytes a point: the receiver encrypts its request's points and decrypts
+    the sender's own points; the sender encrypts the request's points again and its own once.
+    """
+    ops = (req + 2 * resp) / 32.0
+    s.psi_virtual_s += s.charge(8.0 * (req + resp), cpu_s=ops / PSI_OPS_PER_S)
 
 
 def model_flops_estimate(strategy: VerticalSL, batch: int) -> float:
