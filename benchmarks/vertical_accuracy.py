@@ -20,7 +20,6 @@ import csv
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from fl_app import vertical as V
@@ -96,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    lines = ["| dataset | seeds | vertical | centralised | label party only | vertical − centralised (paired) "
-             "| vertical − label party only (paired) |", "|---|---|---|---|---|---|---|"]
+    lines = [("| dataset | seeds | vertical | centralised | label party only | vertical − centralised (paired) "
+              "| vertical − label party only (paired) |"), "|---|---|---|---|---|---|---|"]
     for name in dict.fromkeys(r["dataset"] for r in rows):
         rs = [r for r in rows if r["dataset"] == name]
         cell = {c: "{:.4f} ± {:.4f}".format(*mean_ci([r[c] for r in rs])) for c in ("vertical", "centralised",

@@ -18,12 +18,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from sklearn.metrics import roc_auc_score
+
 from fl_app.config import RunConfig
 from fl_app.data.vertical import load_vertical
 from fl_app.protocol.records import record_tensor
 from simulation.engine import InProcessGrid
-from sklearn.metrics import roc_auc_score
-
 from simulation.privacy.label_leakage import leakage_auc, norm_scores
 from simulation.vertical import run_vertical
 from strategies.algorithms.vertical import VerticalSL

@@ -117,7 +117,10 @@ def _hash_point(x: str) -> bytes:
 
 
 def _x25519():
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+    from cryptography.hazmat.primitives.asymmetric.x25519 import (
+        X25519PrivateKey,
+        X25519PublicKey,
+    )
     return X25519PrivateKey, X25519PublicKey
 
 

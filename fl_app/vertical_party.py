@@ -34,14 +34,27 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 
-from fl_app import psi, vertical as V
+from fl_app import psi
+from fl_app import vertical as V
 from fl_app.data.vertical import load_vertical
 from fl_app.errors import ConfigError
 from fl_app.protocol.codec import tensor_array
-from fl_app.protocol.records import record_state, record_tensor, state_record, tensor_record
+from fl_app.protocol.records import (
+    record_state,
+    record_tensor,
+    state_record,
+    tensor_record,
+)
 
 CFG, PSI_KEY, ROWS, BOTTOM, TOP, SPLIT = "vertical", "vertical.psi", "vertical.rows", "vertical.bottom", \
     "vertical.top", "vertical.split"
@@ -141,7 +154,7 @@ def handle(content: RecordDict, state: RecordDict, node_config: dict[str, Any]) 
             state[PSI_KEY] = ConfigRecord({"key": b"", "shared": mask.tobytes()})
         else:  # feature party, round 2: its aligned rows
             party.set_aligned(sorted((int(i) for i in pos), key=lambda i: party.table.ids[i]))
-        return RecordDict({CFG: ConfigRecord({"count": int(len(pos))})})
+        return RecordDict({CFG: ConfigRecord({"count": len(pos)})})
     _label_only(party, op) if op in ("psi_finish", "batch", "top", "evaluate") else None
     if op == "psi_finish":
         ids = _shared_ids(party)

@@ -16,7 +16,8 @@ from typing import Any
 from fl_app.config import RunConfig
 from fl_app.data.vertical import FMNIST, VERTICAL_DATASETS
 from fl_app.errors import ConfigError
-from fl_app.vertical_party import PARTY, app as party_app
+from fl_app.vertical_party import PARTY
+from fl_app.vertical_party import app as party_app
 from simulation.engine import InProcessGrid, _task_identity
 from simulation.outputs.records import RunRecorder, default_output_dir
 from simulation.server_app import recorded_config

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import csv as _csv
+from pathlib import Path
+
 import numpy as np
 import pytest
+import torch
 
-from fl_app import psi
+from fl_app import psi, vertical_party
+from fl_app import vertical as V
+from fl_app.config import RunConfig
+from fl_app.data.vertical import PartyTable, load_vertical, read_party_csv
 from fl_app.errors import ConfigError
+from simulation import cli
+from simulation.engine import InProcessGrid
+from simulation.vertical import run_vertical
+from strategies.algorithms.vertical import VerticalSL
 
 BACKENDS = [b for b in psi.BACKENDS if b != "openmined" or psi.openmined_available()]
 
@@ -82,13 +93,7 @@ def test_psi_one_line_errors():
 
 
 # ---------------------------------------------------------------- data
-import csv as _csv  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-import torch  # noqa: E402
-
-from fl_app import vertical as V  # noqa: E402
-from fl_app.data.vertical import load_vertical, read_party_csv  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not (DATA / "vertical").is_dir(), reason="../shared/data/vertical not present")
@@ -163,15 +168,7 @@ def test_vertical_step_equals_the_unsplit_step(join):
 
 
 # ---------------------------------------------------------------- the strategy, end to end
-import csv as _csv2  # noqa: E402
 
-from fl_app import vertical_party  # noqa: E402
-from fl_app.config import RunConfig  # noqa: E402
-from fl_app.data.vertical import PartyTable  # noqa: E402
-from simulation import cli  # noqa: E402
-from simulation.engine import InProcessGrid  # noqa: E402
-from simulation.vertical import run_vertical  # noqa: E402
-from strategies.algorithms.vertical import VerticalSL  # noqa: E402
 
 STRATEGY = "strategies.algorithms.vertical:VerticalSL"
 
@@ -185,7 +182,7 @@ def _cfg(tmp_path, name="run", **kw) -> RunConfig:
 
 def _metrics(path) -> list[dict]:
     with open(path / "metrics.csv") as f:
-        return [{k: v for k, v in r.items() if k != "wall_time_s"} for r in _csv2.DictReader(f)]
+        return [{k: v for k, v in r.items() if k != "wall_time_s"} for r in _csv.DictReader(f)]
 
 
 @needs_data
