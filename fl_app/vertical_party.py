@@ -72,7 +72,7 @@ class Party:
 
     def __init__(self, state: RecordDict, node_config: dict[str, Any], cfg: ConfigRecord) -> None:
         self.state, self.cfg = state, cfg
-        self.index = int(node_config.get(PARTY, -1))
+        self.index = party_index(node_config, str(cfg["label-party"]))
         tables, self.classes = _tables(str(cfg["dataset"]), str(node_config.get("data-dir") or cfg["data-dir"]),
                                        float(cfg["overlap"]), int(cfg["seed"]), int(cfg["parties"]), int(cfg["rows"]))
         if not 0 <= self.index < len(tables):
@@ -108,6 +108,14 @@ class Party:
     def set_aligned(self, rows: list[int]) -> None:
         """Fix the aligned order: ``rows[i]`` is the table row of the ``i``-th shared ID (sorted)."""
         self.state[ROWS] = tensor_record("rows", torch.tensor(rows, dtype=torch.int64))
+
+
+def party_index(node_config: dict[str, Any], label_party: str) -> int:
+    """A node's party: its ``vertical-party``, else (a simulation's nodes) its ``partition-id``, shifted by one
+    when the ServerApp is the label party (``label-party=server``: the nodes are the feature parties)."""
+    if PARTY in node_config:
+        return int(node_config[PARTY])
+    return int(node_config.get("partition-id", -1)) + (1 if label_party == "server" else 0)
 
 
 def _positions(content: RecordDict) -> np.ndarray:

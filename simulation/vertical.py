@@ -53,15 +53,48 @@ def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess
         ConfigError: see :func:`check_vertical`; an engine other than ``inprocess``.
     """
     check_vertical(cfg)
-    if engine != "inprocess":
-        raise ConfigError(f"engine={engine}: vertical-sl runs on the in-process engine only (so far)")
+    if engine not in ("inprocess", "ray"):
+        raise ConfigError(f"engine={engine}: vertical-sl runs on the in-process or the Ray engine")
     parties = cfg.vertical_parties if cfg.dataset == FMNIST else 2
     first = 1 if cfg.label_party == "server" else 0
     configs = [{PARTY: k} for k in range(first, parties)]
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
-    recorder = RunRecorder(out, recorded_config(cfg), {"parties": parties, "label_party": cfg.label_party})
-    grid = InProcessGrid(party_app, len(configs), cfg.seed, configs)
-    with _task_identity(grid.run.run_id):
-        summary = strategy_cls(cfg, grid, recorder.append).run()
+    recorder = RunRecorder(out, recorded_config(cfg), {"parties": parties, "label_party": cfg.label_party,
+                                                       "engine": engine})
+    if engine == "ray":
+        summary = _run_ray(cfg, strategy_cls, recorder, len(configs))
+    else:
+        grid = InProcessGrid(party_app, len(configs), cfg.seed, configs)
+        with _task_identity(grid.run.run_id):
+            summary = strategy_cls(cfg, grid, recorder.append).run()
     summary["output_dir"] = str(out)
     return recorder.finish(summary)
+
+
+def _run_ray(cfg: RunConfig, strategy_cls: type, recorder: RunRecorder, nodes: int) -> dict[str, Any]:
+    """The run on Flower's Ray simulation engine: ``nodes`` virtual SuperNodes, node ``i`` the party of its
+    ``partition-id`` (:func:`fl_app.vertical_party.party_index`), one CPU each.
+
+    Raises:
+        RuntimeError: the simulation ended without a summary (it failed inside Flower; its log says why).
+    """
+    import os
+
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    result: dict[str, Any] = {}
+    server_app = ServerApp()
+
+    @server_app.main()
+    def _main(grid: Grid, context: Any) -> None:
+        result["summary"] = strategy_cls(cfg, grid, recorder.append).run()
+
+    run_simulation(server_app=server_app, client_app=party_app, num_supernodes=nodes,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": max(2, nodes), "include_dashboard": False,
+                                                 "log_to_driver": False}})
+    if "summary" not in result:
+        raise RuntimeError("the Ray simulation ended without a summary; see the log above")
+    return result["summary"]

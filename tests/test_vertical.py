@@ -279,3 +279,13 @@ def test_no_shared_id_stops_the_run_in_one_line(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="party 0: PSI: the parties share no sample ID") as err:
         run_vertical(_cfg(tmp_path), VerticalSL)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.e2e
+@needs_data
+def test_ray_engine_writes_the_in_process_metrics(tmp_path):
+    """The same vertical run on Flower's Ray simulation engine writes the in-process run's metrics.csv, in every
+    column but wall time."""
+    run_vertical(_cfg(tmp_path, "inproc", global_iterations=40, eval_every=20), VerticalSL)
+    run_vertical(_cfg(tmp_path, "ray", global_iterations=40, eval_every=20), VerticalSL, engine="ray")
+    assert _metrics(tmp_path / "ray") == _metrics(tmp_path / "inproc")

@@ -86,7 +86,7 @@ class VerticalSL:
                              "overlap": c.vertical_overlap, "seed": c.seed, "parties": c.vertical_parties,
                              "rows": c.vertical_rows, "join": c.vertical_join, "lr": c.lr,
                              "embedding": c.vertical_embedding, "test-fraction": c.vertical_test_fraction,
-                             "batch-size": c.batch_size, "backend": self.backend, "defence": c.label_defence,
+                             "batch-size": c.batch_size, "backend": self.backend, "label-party": c.label_party, "defence": c.label_defence,
                              "noise": c.label_noise, "power": c.label_power, **extra})
 
     def exchange(self, requests: Mapping[int, RecordDict]) -> dict[int, RecordDict]:
@@ -121,14 +121,17 @@ class VerticalSL:
     # ------------------------------------------------------------------ phases
     def handshake(self) -> None:
         """Ask every node its party index; the run needs parties ``0..K-1``, each once (0 may be the server)."""
-        ids = sorted(self.grid.get_node_ids())
+        want = set(range(self.parties)) - ({0} if self.cfg.label_party == "server" else set())
+        ids, deadline = sorted(self.grid.get_node_ids()), time.monotonic() + 120.0
+        while len(ids) < len(want) and time.monotonic() < deadline:  # simulated nodes register in the background
+            time.sleep(0.2)
+            ids = sorted(self.grid.get_node_ids())
         replies = self.grid.send_and_receive([Message(RecordDict({CFG: self.settings("info")}), n, "query.vertical")
                                               for n in ids])
         for r in replies:
             if r.has_error():
                 _raise(None, r.error.reason)
             self.nodes[int(r.content[CFG]["party"])] = r.metadata.src_node_id
-        want = set(range(self.parties)) - ({0} if self.cfg.label_party == "server" else set())
         if set(self.nodes) != want:
             raise ConfigError(f"vertical-sl needs parties {sorted(want)}, the nodes are parties {sorted(self.nodes)}")
 
