@@ -12,7 +12,7 @@ The ServerApp coordinates and relays; the parties compute (:mod:`fl_app.vertical
    the top model and returns ``∂L/∂e_k``; each party steps its bottom model. Every ``eval-every``
    iterations the held-out test part of ``I`` is evaluated.
 
-``label-party=server`` runs the label party inside the ServerApp (Flower's ``examples/vertical-fl``
+``label-party=server`` runs the label party inside the ServerApp (Flower's own vertical-FL example's
 shape, for comparison): the server then holds the labels. A *global iteration* here is one mini-batch.
 """
 
@@ -50,7 +50,7 @@ class VerticalSL:
     ushaped_refusal = "vertical-sl has no U-shaped form: the label party holds the top model and the loss"
     options = (
         Option("label-party", "node", "who holds the labels and the top model: its own node, or the ServerApp "
-               "(as Flower's examples/vertical-fl)", ("node", "server")),
+               "(as Flower's own vertical-FL example)", ("node", "server")),
         Option("vertical-join", "concat", "how the label party joins the parties' embeddings", ("concat", "sum")),
         Option("vertical-overlap", 1.0, "fraction of rows each party keeps (seeded): partial overlap for PSI",
                above=0.0, at_most=1.0),
