@@ -13,7 +13,8 @@ index is its ``node_config`` ``vertical-party`` (0: the label party); it reads o
 ``psi_respond``    PSI sender, step 2, over its own IDs (feature party) or the intersection
                    (label party, round 2)
 ``psi_intersect``  PSI receiver, step 3: the label party narrows its shared set; a feature
-                   party fixes its aligned rows (the sorted intersection). Replies a count.
+                   party fixes its aligned rows (the sorted intersection). Replies a count
+                   (``reveal`` false: the count only, learnt without the IDs; nothing kept).
 ``psi_finish``     label party: the final intersection, sorted; its seeded train/test split
 ``batch``          label party: the next training mini-batch (positions in the aligned
                    order), or the test positions
@@ -142,17 +143,20 @@ def handle(content: RecordDict, state: RecordDict, node_config: dict[str, Any]) 
                                               "features": int(party.table.x.shape[1]),
                                               "labels": party.table.y is not None})})
     if op == "psi_request":
-        rec = psi.Receiver(party.table.ids, str(cfg["backend"]))
+        rec = psi.Receiver(party.table.ids, str(cfg["backend"]), reveal=bool(cfg["reveal"]))
         state[PSI_KEY] = ConfigRecord({"key": rec.key_bytes(), "shared": state[PSI_KEY]["shared"]
                                        if PSI_KEY in state and "shared" in state[PSI_KEY] else b""})
         return _bytes_reply(rec.request())
     if op == "psi_respond":
         ids = party.table.ids if str(cfg["source"]) == "own" else _shared_ids(party)
-        return _bytes_reply(psi.Sender(ids, str(cfg["backend"]), seed=int(cfg["seed"]) + party.index)
-                            .respond(bytes(cfg["blob"])))
+        return _bytes_reply(psi.Sender(ids, str(cfg["backend"]), reveal=bool(cfg["reveal"]),
+                                       seed=int(cfg["seed"]) + party.index).respond(bytes(cfg["blob"])))
     if op == "psi_intersect":
-        rec = psi.Receiver(party.table.ids, str(cfg["backend"]), key=bytes(state[PSI_KEY]["key"]))
+        rec = psi.Receiver(party.table.ids, str(cfg["backend"]), reveal=bool(cfg["reveal"]),
+                           key=bytes(state[PSI_KEY]["key"]))
         pos = rec.intersect(bytes(cfg["blob"]))
+        if not cfg["reveal"]:  # cardinality only: the count, and nothing kept
+            return RecordDict({CFG: ConfigRecord({"count": int(pos)})})
         if party.table.y is not None:  # label party, round 1: narrow the shared set
             prev = state[PSI_KEY]["shared"]
             mask = np.zeros(len(party.table.ids), dtype=bool)

@@ -119,6 +119,10 @@ def _run_vertical(cfg: RunConfig, engine: str, quiet: bool) -> int | None:
     except RunFailedError as err:
         print(f"sflower: run failed: {err}", file=sys.stderr)
         return EXIT_FAILED
+    if "pairwise_intersections" in s:  # vertical-psi=cardinality
+        print(f"{s['strategy']}: PSI cardinality only ({s['psi_backend']}): the label party shares "
+              f"{s['pairwise_intersections']} rows with each feature party; {s['psi_bytes']} bytes -> {s['output_dir']}")
+        return 0
     print(f"{s['strategy']}: final accuracy {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f}) after "
           f"{s['global_iterations']} iterations; PSI ({s['psi_backend']}) {s['intersection']} shared rows, "
           f"{s['psi_bytes']} bytes; {s['virtual_time_s']:.2f} virtual s -> {s['output_dir']}")

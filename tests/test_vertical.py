@@ -289,3 +289,13 @@ def test_ray_engine_writes_the_in_process_metrics(tmp_path):
     run_vertical(_cfg(tmp_path, "inproc", global_iterations=40, eval_every=20), VerticalSL)
     run_vertical(_cfg(tmp_path, "ray", global_iterations=40, eval_every=20), VerticalSL, engine="ray")
     assert _metrics(tmp_path / "ray") == _metrics(tmp_path / "inproc")
+
+
+@needs_data
+def test_cardinality_mode_gives_the_size_and_trains_nothing(tmp_path):
+    """vertical-psi=cardinality: the label party learns |X_L ∩ X_1| (equal to the true size) and no row is aligned."""
+    cfg = _cfg(tmp_path, "card", **{"vertical-psi": "cardinality"})
+    s = run_vertical(cfg, VerticalSL)
+    (guest, host), _ = load_vertical("vertical-breast", DATA, overlap=0.9, seed=0)
+    assert s["pairwise_intersections"] == {"1": len(set(guest.ids) & set(host.ids))} and s["psi_bytes"] > 0
+    assert not (tmp_path / "card" / "metrics.csv").exists()

@@ -60,6 +60,9 @@ class VerticalSL:
         Option("vertical-embedding", 8, "width h of each bottom model's embedding", at_least=1),
         Option("vertical-test-fraction", 0.2, "held-out test part of the intersection (seeded)", above=0.0,
                at_most=0.9),
+        Option("vertical-psi", "intersection", "`intersection`: align and train; `cardinality`: the label party "
+               "learns only the size of its intersection with each feature party (no ID), and the run stops there",
+               ("intersection", "cardinality")),
         Option("psi-backend", "auto", "PSI: openmined.psi 2.0.4 if it imports, else X25519 DH",
                ("auto", "openmined", "dh")),
         Option("vertical-link-mbps", 100.0, "each party's link to the ServerApp, Mbit/s (virtual clock)", above=0.0),
@@ -86,7 +89,7 @@ class VerticalSL:
                              "overlap": c.vertical_overlap, "seed": c.seed, "parties": c.vertical_parties,
                              "rows": c.vertical_rows, "join": c.vertical_join, "lr": c.lr,
                              "embedding": c.vertical_embedding, "test-fraction": c.vertical_test_fraction,
-                             "batch-size": c.batch_size, "backend": self.backend, "label-party": c.label_party, "defence": c.label_defence,
+                             "batch-size": c.batch_size, "backend": self.backend, "label-party": c.label_party, "reveal": True, "defence": c.label_defence,
                              "noise": c.label_noise, "power": c.label_power, **extra})
 
     def exchange(self, requests: Mapping[int, RecordDict]) -> dict[int, RecordDict]:
@@ -164,6 +167,8 @@ class VerticalSL:
         """Handshake, PSI, ``global-iterations`` mini-batches with evaluations; returns the summary."""
         wall = time.perf_counter()
         self.handshake()
+        if self.cfg.vertical_psi == "cardinality":
+            return cardinality(self, wall)
         align(self)
         it = 0
         while True:
@@ -182,15 +187,20 @@ class VerticalSL:
                 break
             self.step(it)
             it += 1
-        last = self.rows[-1]
-        return {"strategy": self.name, "dataset": self.cfg.dataset, "final_accuracy": last["test_accuracy"],
-                "best_accuracy": max(r["test_accuracy"] for r in self.rows), "global_iterations": it,
-                "virtual_time_s": self.virtual_s, "wall_time_s": time.perf_counter() - wall,
-                "bytes_up": self.bytes_up, "bytes_down": self.bytes_down, "psi_backend": self.backend,
-                "psi_bytes": self.psi_bytes, "psi_virtual_s": self.psi_virtual_s, "psi_cpu_s": self.psi_cpu_s,
-                "intersection": self.shared, "test_rows": self.test, "label_party": self.cfg.label_party,
-                "label_noise_power": self.noise_power / max(1, it),
-                "status": "completed"}
+        return summary(self, it, wall)
+
+
+def summary(s: VerticalSL, it: int, wall: float) -> dict[str, Any]:
+    """The summary of a trained run ``s`` after ``it`` iterations (``wall``: its start, ``perf_counter``)."""
+    last = s.rows[-1]
+    return {"strategy": s.name, "dataset": s.cfg.dataset, "final_accuracy": last["test_accuracy"],
+            "best_accuracy": max(r["test_accuracy"] for r in s.rows), "global_iterations": it,
+            "virtual_time_s": s.virtual_s, "wall_time_s": time.perf_counter() - wall,
+            "bytes_up": s.bytes_up, "bytes_down": s.bytes_down, "psi_backend": s.backend,
+            "psi_bytes": s.psi_bytes, "psi_virtual_s": s.psi_virtual_s, "psi_cpu_s": s.psi_cpu_s,
+            "intersection": s.shared, "test_rows": s.test, "label_party": s.cfg.label_party,
+            "label_noise_power": s.noise_power / max(1, it),
+            "status": "completed"}
 
 
 def align(s: VerticalSL) -> None:
@@ -218,6 +228,20 @@ def align(s: VerticalSL) -> None:
         _charge_psi(s, len(req), len(resp))
     s.psi_cpu_s = time.process_time() - t0
     s.psi_bytes = s.bytes_up + s.bytes_down - b0
+
+
+def cardinality(s: VerticalSL, wall: float) -> dict[str, Any]:
+    """``vertical-psi=cardinality``: one PSI per feature party in which the label party learns only
+    ``|X_L ∩ X_k|``; no alignment, no training. The summary holds the sizes (``pairwise_intersections``)."""
+    sizes = {}
+    for k in range(1, s.parties):
+        req = s.exchange({0: _msg(s.settings("psi_request", reveal=False))})[0][CFG]["blob"]
+        resp = s.exchange({k: _msg(s.settings("psi_respond", blob=req, source="own", reveal=False))})[k][CFG]["blob"]
+        sizes[str(k)] = int(s.exchange({0: _msg(s.settings("psi_intersect", blob=resp, reveal=False))})[0][CFG]["count"])
+        _charge_psi(s, len(req), len(resp))
+    return {"strategy": s.name, "dataset": s.cfg.dataset, "vertical_psi": "cardinality", "psi_backend": s.backend,
+            "pairwise_intersections": sizes, "psi_bytes": s.bytes_up + s.bytes_down, "psi_virtual_s": s.psi_virtual_s,
+            "virtual_time_s": s.virtual_s, "wall_time_s": time.perf_counter() - wall, "status": "completed"}
 
 
 def _charge_psi(s: VerticalSL, req: int, resp: int) -> None:
