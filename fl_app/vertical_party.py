@@ -73,7 +73,7 @@ class Party:
 
     def __init__(self, state: RecordDict, node_config: dict[str, Any], cfg: ConfigRecord) -> None:
         self.state, self.cfg = state, cfg
-        self.index = party_index(node_config, str(cfg["label-party"]))
+        self.index = party_index(node_config, str(cfg["label-holder"]))
         tables, self.classes = _tables(str(cfg["dataset"]), str(node_config.get("data-dir") or cfg["data-dir"]),
                                        float(cfg["overlap"]), int(cfg["seed"]), int(cfg["parties"]), int(cfg["rows"]))
         if not 0 <= self.index < len(tables):

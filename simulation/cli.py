@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from fl_app.config import CORE_KEYS, RunConfig, given_or_default, parse_key_values
 from fl_app.errors import ConfigError
 from fl_app.options import core_option
+from fl_app.plugins import options_of
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -247,9 +248,9 @@ def cmd_strategies(args: argparse.Namespace) -> int:
         cls = get_strategy(name)
         doc = (cls.__doc__ or "").strip().splitlines()[0]
         print(f"{name:16s} {doc}")
-        if cls.run_with:
+        if getattr(cls, "run_with", ""):
             print(f"    run with: {cls.run_with}")
-        for opt in cls.all_options():
+        for opt in options_of(cls):
             source = f"; {opt.source}" if opt.source else ""
             print(f"    {opt.key + '=' + str(opt.default):28s} {opt.help} ({opt.kind()}{source})")
     return 0

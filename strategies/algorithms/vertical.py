@@ -89,7 +89,8 @@ class VerticalSL:
                              "overlap": c.vertical_overlap, "seed": c.seed, "parties": c.vertical_parties,
                              "rows": c.vertical_rows, "join": c.vertical_join, "lr": c.lr,
                              "embedding": c.vertical_embedding, "test-fraction": c.vertical_test_fraction,
-                             "batch-size": c.batch_size, "backend": self.backend, "label-party": c.label_party, "reveal": True, "defence": c.label_defence,
+                             "batch-size": c.batch_size, "backend": self.backend, "label-holder": c.label_party,
+                             "reveal": True, "defence": c.label_defence,
                              "noise": c.label_noise, "power": c.label_power, **extra})
 
     def exchange(self, requests: Mapping[int, RecordDict]) -> dict[int, RecordDict]:
