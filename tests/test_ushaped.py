@@ -308,17 +308,23 @@ def test_ushaped_over_sessions(strategy, certs, tmp_path):
 # --- 6. Label inference from the returned gradients, and the max-norm defence -----------------------------
 def test_leakage_auc_on_hand_made_gradients():
     """Rows of class c along e_c (norm 1 + c): direction scoring reads every label (AUC 1); norm scoring ranks
-    class 2 (the largest norms) first, class 0 last: per-class AUCs 0, 0.5, 1 -> mean 0.5."""
+    class 2 (the largest norms) first, class 0 last: per-class AUCs 0, 0.5, 1 -> the best bet, class 2: 1 (the
+    mean, 0.5, would call a perfect separation chance)."""
     from simulation.privacy.label_leakage import leakage_auc
 
     labels = np.array([0, 1, 2] * 4)
     grads = np.zeros((12, 3))
     grads[np.arange(12), labels] = 1.0 + labels
     auc = leakage_auc(grads, labels)
-    assert auc.direction == 1.0 and auc.norm == pytest.approx(0.5) and auc.samples == 12
-    # class 1's norms made the largest (20): per-class AUCs 0 (class 0, norms 1), 1 (class 1), 0.5 (class 2)
-    grads[labels == 1] *= 10
-    assert leakage_auc(grads, labels).norm == pytest.approx((0.0 + 1.0 + 0.5) / 3)
+    assert auc.direction == 1.0 and auc.norm == pytest.approx(1.0) and auc.samples == 12
+    # norms that carry no label (all 1): every per-class AUC 0.5
+    grads[np.arange(12), labels] = 1.0
+    assert leakage_auc(grads, labels).norm == pytest.approx(0.5)
+    # two classes, class 1's norms the larger in 3 of 4 pairs: AUC 0.75 either way round (max(AUC, 1 - AUC))
+    two = np.array([0, 0, 1, 1])
+    for flip in (1.0, -1.0):
+        rows = np.array([[1.0], [3.0], [2.0], [4.0]]) if flip > 0 else np.array([[4.0], [2.0], [3.0], [1.0]])
+        assert leakage_auc(rows, two).norm == pytest.approx(0.75)
 
 
 def measure(cfg: RunConfig):

@@ -15,10 +15,18 @@ Learning" (ICLR 2022), show that a server can read the labels off them:
 
 Both papers' attacks are binary. For ``K`` classes this module scores one
 against the rest: for each class ``c``, the AUC of the score against
-``1[y_i = c]`` (direction: against one known example of ``c``, the first one
-recorded, which is then left out), averaged over the classes present with
-both outcomes (macro one-vs-rest; ``sklearn.metrics.roc_auc_score`` per
-class). 0.5 is chance; 1 reads every label.
+``1[y_i = c]`` (``sklearn.metrics.roc_auc_score``, over the classes present
+with both outcomes). Direction scoring has a score per class (against one
+known example of ``c``, the first one recorded, which is then left out): its
+AUC is the mean over the classes (macro one-vs-rest). Norm scoring has one
+score for every class, so it bets on one: the class with the largest norms,
+as Li et al.'s attacker bets on the rarer class. Its AUC is the largest
+one-vs-rest AUC over the classes (in the binary case ``max(AUC, 1 - AUC)``):
+the best bet, an upper bound on what an attacker who must guess the class
+gets. (A mean over the classes of one shared score is 0.5 by construction
+with two classes and near it with more: sflower reported that until
+2026-11-28, as "norm scoring is at chance".) 0.5 is chance; 1 reads every
+label.
 
 The measurement (:class:`TailGradients`) wraps the ClientApp of an in-process
 run and keeps every tail reply's gradient exactly as sent, with the labels of
@@ -66,9 +74,10 @@ def direction_scores(grads: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
 
 
-def one_vs_rest_auc(scores: Callable[[int], tuple[np.ndarray, np.ndarray]], classes: list[int]) -> float:
-    """The mean over ``classes`` of ``roc_auc_score(is_c, s)``, ``(is_c, s) = scores(c)``; classes whose
-    ``is_c`` is all one value are skipped (NaN if none is left)."""
+def one_vs_rest_auc(scores: Callable[[int], tuple[np.ndarray, np.ndarray]], classes: list[int],
+                    reduce: Callable[[list[float]], float] = np.mean) -> float:
+    """``reduce`` (the mean, or ``max``) over ``classes`` of ``roc_auc_score(is_c, s)``, ``(is_c, s) =
+    scores(c)``; classes whose ``is_c`` is all one value are skipped (NaN if none is left)."""
     from sklearn.metrics import roc_auc_score
 
     aucs = []
@@ -76,15 +85,15 @@ def one_vs_rest_auc(scores: Callable[[int], tuple[np.ndarray, np.ndarray]], clas
         truth, s = scores(c)
         if 0 < truth.sum() < truth.size:
             aucs.append(roc_auc_score(truth, s))
-    return float(np.mean(aucs)) if aucs else float("nan")
+    return float(reduce(aucs)) if aucs else float("nan")
 
 
 @dataclass(frozen=True)
 class LeakageAUC:
-    """Attack AUCs, one-vs-rest, macro over classes (see the module docstring).
+    """Attack AUCs, one-vs-rest (see the module docstring).
 
     Attributes:
-        norm: norm scoring.
+        norm: norm scoring, the best class's AUC.
         direction: direction scoring against one known example per class.
         samples: gradient rows scored.
     """
@@ -99,7 +108,7 @@ def leakage_auc(grads: np.ndarray, labels: np.ndarray) -> LeakageAUC:
     grads = grads.reshape(grads.shape[0], -1).astype(np.float64)
     classes = sorted(int(c) for c in np.unique(labels))
     norms = norm_scores(grads)
-    norm = one_vs_rest_auc(lambda c: (labels == c, norms), classes)
+    norm = one_vs_rest_auc(lambda c: (labels == c, norms), classes, reduce=max)  # the best class to bet on
 
     def direction(c: int) -> tuple[np.ndarray, np.ndarray]:
         ref = int(np.flatnonzero(labels == c)[0])  # the one example of c the server knows
