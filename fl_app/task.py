@@ -33,7 +33,7 @@ from fl_app.models import BlockModel, BlockProfile, build_model, profile_blocks,
 TASK_KEYS = (
     "dataset", "data-dir", "partition", "alpha", "shards", "min-partition-size", "num-classes-per-partition",
     "class-assignment-mode", "partition-sizes", "num-clients", "model", "cut-layer", "seed", "init", "init-seed",
-    "partition-seed", "normalize", "aux-holdout",
+    "partition-seed", "normalize", "aux-holdout", "lora-rank", "lora-alpha", "lora-targets",
 )
 
 
@@ -58,6 +58,7 @@ class Task:
         init_seed: the seed the initial model is built from; ``-1`` (default): ``seed``.
         holdout: int64 indices into the training set that no partition contains (``aux-holdout``: the
             auxiliary data of ``sflower attack``); None when nothing is held out.
+        lora: a pretrained model's LoRA keywords (:func:`lora_options`), ``()`` for the other models.
     """
 
     data: ImageDataset
@@ -69,11 +70,13 @@ class Task:
     init: str = "default"
     init_seed: int = -1
     holdout: np.ndarray | None = None
+    lora: tuple[tuple[str, object], ...] = ()
 
     @functools.cached_property
     def _template(self) -> BlockModel:
         seed = self.seed if self.init_seed < 0 else self.init_seed
-        return build_model(self.model_name, self.data.input_shape, self.data.num_classes, seed, init=self.init)
+        return build_model(self.model_name, self.data.input_shape, self.data.num_classes, seed, init=self.init,
+                           **dict(self.lora))
 
     def build_model(self) -> BlockModel:
         """A fresh full model with the run's seeded initial weights (a copy of a cached template)."""
@@ -164,9 +167,19 @@ def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
         init=str(values["init"]),
         init_seed=int(values["init-seed"]),
         holdout=holdout,
+        lora=lora_options(values),
     )
     task.split()  # validates model name and cut layer
     return task
+
+
+def lora_options(values: dict[str, object]) -> tuple[tuple[str, object], ...]:
+    """The LoRA keywords of :func:`fl_app.models.build_model` from the run config's task values
+    (``lora-rank``, ``lora-alpha``, ``lora-targets``); ``()`` unless ``model`` is ``minilm-l6``."""
+    if values["model"] != "minilm-l6":
+        return ()
+    return (("lora_rank", int(values["lora-rank"])), ("lora_alpha", float(values["lora-alpha"])),
+            ("lora_targets", str(values["lora-targets"])))
 
 
 def held_out(n: int, count: int, seed: int) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -253,6 +266,7 @@ def _load_device_task(key: tuple[tuple[str, object], ...], data_dir: str) -> Tas
         partition_scheme="device",
         init=str(values["init"]),
         init_seed=int(values["init-seed"]),
+        lora=lora_options(values),
     )
     task.split()  # validates model name and cut layer
     return task
