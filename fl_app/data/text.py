@@ -72,6 +72,8 @@ class TextDataset:
     mean: tuple[float, ...] = (0.0,)
     std: tuple[float, ...] = (1.0,)
     augment: bool = False
+    #: batches are padded to their longest sentence, not to ``input_shape`` (the reply checker allows it)
+    variable_length = True
 
     @property
     def input_shape(self) -> tuple[int, int, int]:

@@ -1,4 +1,4 @@
-"""Pretrained MiniLM-L6 with LoRA adapters, in 8 blocks ``embed, layer0..layer5, head`` (``minilm-l6``).
+"""Pretrained MiniLM-L6 with LoRA adapters, in 8 blocks ``embed, layer1..layer6, head`` (``minilm-l6``).
 
 The model is ``sentence-transformers/all-MiniLM-L6-v2`` (6 BERT layers,
 hidden size 384, 12 heads, 22.7M parameters; model card Apache-2.0) as
@@ -171,7 +171,8 @@ def parse_targets(targets: str) -> list[str]:
 
 def minilm_l6(input_shape: tuple[int, int, int], num_classes: int, lora_rank: int = 8, lora_alpha: float = 16.0,
               lora_targets: str = LORA_TARGETS) -> list[tuple[str, nn.Module]]:
-    """MiniLM-L6 with LoRA, 8 blocks: ``embed, layer0..layer5, head``; ``cut-layer=k`` puts ``k - 1`` layers on the client.
+    """MiniLM-L6 with LoRA, 8 blocks: ``embed, layer1..layer6, head``; ``cut-layer=k`` puts ``k - 1`` layers on the client
+    (``cut-layer=3``: the split after layer 2).
 
     The pretrained encoder is frozen; LoRA matrices (rank ``lora_rank``,
     scale ``lora_alpha / lora_rank``, no LoRA dropout; A Kaiming-uniform from
@@ -207,7 +208,7 @@ def minilm_l6(input_shape: tuple[int, int, int], num_classes: int, lora_rank: in
         prefix = f"encoder.layer.{i}."
         layer.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
         layer = peft.inject_adapter_in_model(lora, layer)
-        blocks.append((f"layer{i}", TextLayer(layer)))
+        blocks.append((f"layer{i + 1}", TextLayer(layer)))
     blocks.append(("head", PooledHead(config.hidden_size, num_classes)))
     for _, block in blocks:
         freeze_to_buffers(block)
