@@ -34,6 +34,7 @@ TASK_KEYS = (
     "dataset", "data-dir", "partition", "alpha", "shards", "min-partition-size", "num-classes-per-partition",
     "class-assignment-mode", "partition-sizes", "num-clients", "model", "cut-layer", "seed", "init", "init-seed",
     "partition-seed", "normalize", "aux-holdout", "lora-rank", "lora-alpha", "lora-targets",
+    "text-padding",
 )
 
 
@@ -140,7 +141,8 @@ def preload_task(cfg: RunConfig, task: Task) -> None:
 @functools.lru_cache(maxsize=4)
 def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
     values = dict(key)
-    data = normalised(load_dataset(str(values["dataset"]), str(values["data-dir"]) or None), str(values["normalize"]))
+    data = normalised(load_dataset(str(values["dataset"]), str(values["data-dir"]) or None), str(values["normalize"]),
+                      str(values["text-padding"]))
     seed = int(values["seed"]) if int(values["partition-seed"]) < 0 else int(values["partition-seed"])
     pool, holdout = held_out(len(data.y_train), int(values["aux-holdout"]), seed)
     parts = partition_indices(
@@ -199,13 +201,15 @@ def held_out(n: int, count: int, seed: int) -> tuple[np.ndarray | None, np.ndarr
     return np.sort(perm[count:]).astype(np.int64), np.sort(perm[:count]).astype(np.int64)
 
 
-def normalised(data: ImageDataset, scheme: str) -> ImageDataset:
-    """``data`` with the pixel normalisation of ``normalize``.
+def normalised(data: ImageDataset, scheme: str, padding: str = "batch") -> ImageDataset:
+    """``data`` with the pixel normalisation of ``normalize`` (a text dataset: with ``text-padding``).
 
     ``dataset``: the dataset's own mean and standard deviation (unchanged).
     ``half``: ``(x − 0.5) / 0.5`` per channel, i.e. pixels in ``[−1, 1]``,
     as the RingSFL authors' loaders (``Normalize((0.5,), (0.5,))``).
     """
+    if getattr(data, "padding", padding) != padding:  # a text dataset (fl_app.data.text)
+        data = dataclasses.replace(data, padding=padding)
     if scheme == "half":
         c = len(data.mean)
         return dataclasses.replace(data, mean=(0.5,) * c, std=(0.5,) * c)
@@ -256,7 +260,8 @@ def load_device_task(cfg: RunConfig, data_dir: str) -> Task:
 @functools.lru_cache(maxsize=4)
 def _load_device_task(key: tuple[tuple[str, object], ...], data_dir: str) -> Task:
     values = dict(key)
-    data = normalised(load_device_dataset(str(values["dataset"]), data_dir), str(values["normalize"]))
+    data = normalised(load_device_dataset(str(values["dataset"]), data_dir), str(values["normalize"]),
+                      str(values["text-padding"]))
     task = Task(
         data=data,
         partitions=DevicePartition(data.x_train.shape[0]),

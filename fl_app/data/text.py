@@ -20,7 +20,8 @@ hash of the source files, the tokenizer and :data:`MAX_TOKENS`, so an edited
 file is tokenised again.
 
 A batch is float32 ``(B, 1, 1, T_b)`` token ids, ``T_b`` the longest sentence
-of the batch (dynamic padding: SST-2's training sentences average 13 tokens).
+of the batch (dynamic padding: SST-2's training sentences average 13 tokens),
+or ``T_b = MAX_TOKENS`` with ``text-padding=max``.
 
 Imports: ``fl_app`` only (the bottom floor); ``tokenizers`` is optional (the ``llm`` extra).
 """
@@ -61,6 +62,9 @@ class TextDataset:
         num_classes: number of classes.
         mean, std: unused (present so that ``normalize`` leaves text alone).
         augment: always False.
+        padding: ``batch`` (pad a batch to its longest sentence) or ``max``
+            (to :data:`MAX_TOKENS`: one activation shape for every client,
+            which strategies that mix clients' activations need).
     """
 
     name: str
@@ -72,17 +76,22 @@ class TextDataset:
     mean: tuple[float, ...] = (0.0,)
     std: tuple[float, ...] = (1.0,)
     augment: bool = False
-    #: batches are padded to their longest sentence, not to ``input_shape`` (the reply checker allows it)
-    variable_length = True
+    padding: str = "batch"
+
+    @property
+    def variable_length(self) -> bool:
+        """Whether batches are padded to their longest sentence (``text-padding=batch``), not to ``input_shape``."""
+        return self.padding == "batch"
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
         """``(1, 1, MAX_TOKENS)``: the longest batch a model sees."""
         return 1, 1, int(self.x_train.shape[1])
 
-    @staticmethod
-    def _batch(ids: torch.Tensor) -> torch.Tensor:
-        """int ``[B, T]`` -> float32 ``[B, 1, 1, T_b]``, trimmed to the batch's longest sentence."""
+    def _batch(self, ids: torch.Tensor) -> torch.Tensor:
+        """int ``[B, T]`` -> float32 ``[B, 1, 1, T_b]``, trimmed to the batch's longest sentence (``padding=batch``)."""
+        if self.padding != "batch":
+            return ids.to(torch.float32)[:, None, None, :]
         if ids.shape[0] == 0:
             return ids[:, :1].to(torch.float32)[:, None, None, :]
         t = max(int((ids != 0).sum(dim=1).max()), 1)
