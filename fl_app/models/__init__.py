@@ -49,6 +49,7 @@ from fl_app.models.vit import ClassifierHead, EncoderLayer, PatchEmbedding, vit_
 
 __all__ = [
     "MODELS",
+    "TEXT_MODELS",
     "INITS",
     "BlockModel",
     "BasicBlock",
@@ -65,8 +66,11 @@ __all__ = [
 ]
 
 MODELS: tuple[str, ...] = ("alexnet", "alexnet-gas", "lenet5", "lenet5-ringsfl", "vgg16", "resnet18", "alexnet17",
-                           "vit-small", "minilm-l6")
-"""Names accepted by :func:`build_model`."""
+                           "vit-small")
+"""Image models accepted by :func:`build_model` (``(C, H, W)`` inputs)."""
+
+TEXT_MODELS: tuple[str, ...] = ("minilm-l6",)
+"""Pretrained text models accepted by :func:`build_model` (token ids from a text dataset; the ``llm`` extra)."""
 
 #: Model name -> the function building its ``(name, module)`` blocks from ``(input shape, classes)``.
 _BUILDERS: dict[str, Callable[[tuple[int, int, int], int], list[tuple[str, nn.Module]]]] = {
@@ -111,7 +115,7 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
       without BatchNorm start at a saddle (loss 2.30).
 
     Args:
-        name: one of :data:`MODELS`.
+        name: one of :data:`MODELS` or :data:`TEXT_MODELS`.
         input_shape: ``(channels, height, width)`` of one sample, e.g.
             ``(1, 28, 28)`` or ``(3, 32, 32)``.
         num_classes: number of logits of the last block (>= 1).
@@ -130,7 +134,7 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
             (including one too small for the model), or ``num_classes < 1``.
     """
     if name not in _BUILDERS and name not in _PRETRAINED:
-        raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+        raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODELS + TEXT_MODELS)}")
     if init not in INITS:
         raise ConfigError(f"unknown init {init!r}: choose one of {', '.join(INITS)}")
     shape = _check_input_shape(input_shape)

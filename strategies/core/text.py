@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from fl_app.config import RunConfig
 from fl_app.errors import ConfigError
-
-#: Text models (pretrained, token-id inputs).
-TEXT_MODELS = ("minilm-l6",)
+from fl_app.models import TEXT_MODELS
 
 #: Strategy -> why it does not run on a text model (one line each).
 TEXT_REFUSALS: dict[str, str] = {
