@@ -98,6 +98,14 @@ def test_activation_stacking_strategies_need_fixed_length(strategy):
     check_text(strategy, make_cfg(strategy=strategy, model="minilm-l6", text_padding="max"))
 
 
+def test_topk_on_the_activations_is_refused_but_int8_is_not():
+    from strategies.core.text import check_text
+
+    with pytest.raises(ConfigError, match="attention mask"):
+        check_text("splitfed-v1", make_cfg(model="minilm-l6", compress_up="topk"))
+    check_text("splitfed-v1", make_cfg(model="minilm-l6", compress_up="int8"))
+
+
 @pytest.mark.parametrize("strategy", ["splitfed-v1", "splitfed-v2", "vanilla-sl", "psl", "fedavg", "mu-splitfed"])
 def test_running_strategies_are_not_refused(strategy):
     from strategies.core.text import check_text

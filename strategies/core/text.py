@@ -46,13 +46,17 @@ def check_text(name: str, cfg: RunConfig) -> None:
 
     Raises:
         ConfigError: ``model`` is a text model and the strategy is in :data:`TEXT_REFUSALS`, or is in
-            :data:`NEEDS_FIXED_LENGTH` without ``text-padding=max``.
+            :data:`NEEDS_FIXED_LENGTH` without ``text-padding=max``, or ``compress-up=topk`` (it would drop
+            mask entries; fp16 and int8 keep the 0/1 mask exact, as it is read as ``> 0.5``).
     """
     if cfg.get("model") not in TEXT_MODELS:
         return
     reason = TEXT_REFUSALS.get(name)
     if reason is not None:
         raise ConfigError(f"strategy {name} does not run on model={cfg.get('model')}: {reason}")
+    if cfg.get("compress-up") == "topk":
+        raise ConfigError("compress-up=topk on a text model would drop entries of the attention mask that travels "
+                          "with the activations; use fp16 or int8, which keep it exact")
     if name in NEEDS_FIXED_LENGTH and cfg.get("text-padding") != "max":
         raise ConfigError(f"strategy {name} stacks or averages the clients' activations, which needs one length "
                           f"for all: add text-padding=max")
