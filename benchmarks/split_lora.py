@@ -11,6 +11,8 @@ backward, a step on each side), under the same dropout masks, and checks that bo
 give the same loss. Prints
 the median wall time of each, their ratio and the bytes that cross the cut.
 Not a timed test: this machine is shared and noisy, so compare only within one run.
+``--plot METRICS_CSV OUT_PNG`` instead draws a run's accuracy against wall time
+(the how-to's figure, ``docs/results/split-lora/accuracy-wall.png``).
 
 Imports: any floor (``benchmarks`` is the top one).
 """
@@ -61,6 +63,40 @@ def _steps(data, cut: int, batch: int) -> tuple:
     return unsplit, split
 
 
+def plot_wall(metrics_csv: str, out_png: str, target: float = 0.82, minutes: float = 15.0) -> None:
+    """Test accuracy against wall-clock minutes of a run's ``metrics.csv``, with the target and the time budget.
+
+    Args:
+        metrics_csv: a run's ``metrics.csv`` (columns ``wall_time_s``, ``test_accuracy``).
+        out_png: where the figure goes.
+        target: the accuracy line drawn (0.82 on SST-2 dev).
+        minutes: the wall-time budget line drawn.
+    """
+    import csv
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(metrics_csv, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    t = [float(r["wall_time_s"]) / 60 for r in rows]
+    acc = [float(r["test_accuracy"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(t, acc, "o-", label="SplitFed-V1, 4 clients, cut after layer 2")
+    ax.axhline(target, color="grey", ls="--", lw=1, label=f"{target:.2f}")
+    ax.axvline(minutes, color="grey", ls=":", lw=1, label=f"{minutes:g} min")
+    ax.set_xlabel("wall time (min, shared 2-core CPU)")
+    ax.set_ylabel("SST-2 dev accuracy")
+    ax.set_title("MiniLM-L6 + LoRA (r = 8), split fine-tuning")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns the exit status (2 with one line on bad input)."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.split_lora", description=__doc__.splitlines()[0])
@@ -69,7 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--cut", type=int, default=3)
     ap.add_argument("--padding", choices=("max", "batch"), default="max")
+    ap.add_argument("--plot", nargs=2, metavar=("METRICS_CSV", "OUT_PNG"),
+                    help="only plot a run's accuracy against wall time (no benchmark)")
     args = ap.parse_args(argv)
+    if args.plot:
+        try:
+            plot_wall(*args.plot)
+        except (OSError, KeyError, ValueError) as err:
+            print(f"split_lora: cannot plot {args.plot[0]}: {err}", file=sys.stderr)
+            return 2
+        return 0
     torch.set_num_threads(1)
     try:
         data = load_dataset("sst2", args.data_dir)
