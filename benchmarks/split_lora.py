@@ -91,6 +91,7 @@ def plot_wall(metrics_csv: str, out_png: str, target: float = 0.82, minutes: flo
     ax.set_ylabel("SST-2 dev accuracy")
     ax.set_title("MiniLM-L6 + LoRA (r = 8), split fine-tuning")
     ax.legend(loc="lower right", fontsize=8)
+    ax.set_ylim(top=max(acc + [target]) + 0.02)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_png, dpi=120)

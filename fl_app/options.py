@@ -185,7 +185,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "pooled head; cut 3 is after layer 2; the `llm` extra: `pip install -e \".[llm]\"`)"),
     Option("cut-layer", 2, "the client-side model is blocks `[0, cut)`"),
     Option("text-padding", "batch", "text datasets: pad each batch to its longest sentence (`batch`: fastest, the "
-           "activation's length varies) or to 64 tokens (`max`: one shape for all; MiniBatch-SFL and EPSL need it)",
+           "activation's length varies) or to 64 tokens (`max`: one shape for all; MiniBatch-SFL, PSL and EPSL need it)",
            choices=("batch", "max")),
     Option("lora-rank", 8, "`minilm-l6`: the rank r of every LoRA adapter", at_least=1, source="Hu et al. 2021 (LoRA)"),
     Option("lora-alpha", 16.0, "`minilm-l6`: LoRA's alpha (the update is scaled by alpha / r)", above=0,

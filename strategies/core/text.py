@@ -3,9 +3,10 @@
 A text activation is ``(N, T, 385)``: hidden states plus the attention mask
 as one feature, ``T`` the batch's longest sentence (``text-padding=batch``)
 or 64 (``text-padding=max``). The split strategies that treat each client's
-activations on their own (SplitFed-V1/V2, vanilla SL, PSL) and FedAvg run as
+activations on their own (SplitFed-V1/V2, vanilla SL) and FedAvg run as
 they are. The ones that stack or average activations or activation gradients
-across clients need one shape for all (``text-padding=max``). The rest refuse
+across clients (MiniBatch-SFL, PSL, EPSL) need one shape for all
+(``text-padding=max``). The rest refuse
 (:data:`TEXT_REFUSALS`), each with its reason.
 
 Imports: ``fl_app`` and ``strategies``; nothing from ``simulation`` or ``benchmarks``.
@@ -34,7 +35,7 @@ TEXT_REFUSALS: dict[str, str] = {
 }
 
 #: Strategies that stack or average clients' activations or gradients: they need one length (``text-padding=max``).
-NEEDS_FIXED_LENGTH = ("minibatch-sfl", "epsl")
+NEEDS_FIXED_LENGTH = ("minibatch-sfl", "psl", "epsl")
 
 
 def check_text(name: str, cfg: RunConfig) -> None:
