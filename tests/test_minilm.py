@@ -106,6 +106,21 @@ def test_topk_on_the_activations_is_refused_but_int8_is_not():
     check_text("splitfed-v1", make_cfg(model="minilm-l6", compress_up="int8"))
 
 
+@pytest.mark.parametrize("codec", ["int8", "int8-channel", "fp16", "bf16"])
+def test_compressed_activations_keep_the_mask_exact(codec):
+    """The mask feature survives every accepted codec, as the layers read it (``> 0.5``)."""
+    import numpy as np
+
+    from fl_app.compression import decode_arrays, make_codec
+
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(4, 9, 384, generator=gen) * 5
+    mask = (torch.arange(9)[None, :] < torch.tensor([[9], [4], [1], [6]])).float()
+    x = torch.cat([h, mask[..., None]], dim=-1).numpy()
+    back = decode_arrays(make_codec(codec).encode("x", x))["x"]
+    assert np.array_equal(back[..., -1] > 0.5, mask.numpy() > 0.5)
+
+
 @pytest.mark.parametrize("strategy", ["splitfed-v1", "splitfed-v2", "vanilla-sl", "fedavg", "mu-splitfed"])
 def test_running_strategies_are_not_refused(strategy):
     from strategies.core.text import check_text
