@@ -27,9 +27,9 @@ TEXT_REFUSALS: dict[str, str] = {
     "gapsl": "its gradient alignment compares every selected client's activation gradient element-wise, "
              "per token position, which mixes sentences of different lengths and padding; it would need the "
              "alignment on pooled (masked-mean) gradients",
-    "ringsfl": "its ring relays a batch through segments sized from block FLOPs of a fixed input, and the "
-               "speed-based propagation lengths of a 6-layer encoder with a frozen embedding leave most "
-               "clients no trainable block; not adapted to text yet",
+    "ringsfl": "its propagation lengths split the blocks by the FLOPs of a fixed input shape, and its "
+               "relayed segments and per-block learning-rate groups assume every block trains, while here the "
+               "embedding block is frozen and the length varies by batch; it has not been adapted to text",
     "s2fl": "its activation grouping concatenates activations of different clients, which have different "
             "lengths and masks; not adapted to text yet",
 }
