@@ -27,9 +27,9 @@ TEXT_REFUSALS: dict[str, str] = {
     "gapsl": "its gradient alignment compares every selected client's activation gradient element-wise, "
              "per token position, which mixes sentences of different lengths and padding; it would need the "
              "alignment on pooled (masked-mean) gradients",
-    "ringsfl": "its propagation lengths split the blocks by the FLOPs of a fixed input shape, and its "
-               "relayed segments and per-block learning-rate groups assume every block trains, while here the "
-               "embedding block is frozen and the length varies by batch; it has not been adapted to text",
+    "ringsfl": "its propagation lengths split the blocks by the FLOPs of a fixed input shape, while text "
+               "batches vary in length and the embedding block has nothing to train; it has not been adapted "
+               "or tested on text",
     "s2fl": "its activation grouping concatenates activations of different clients, which have different "
             "lengths and masks; not adapted to text yet",
 }
