@@ -1,9 +1,9 @@
 """minilm-l6 (pretrained MiniLM-L6 with LoRA, split inside the encoder) and the text datasets.
 
 Default tier: the llm extra's one-line error, the strategies' refusals, what is trained and sent, the
-mask carried across the cut, FLOPs from the flop counter, the token cache, and vanilla SL with one
-client against centralised LoRA fine-tuning step by step. Slow tier: SplitFed-V1 end to end on a tiny
-SST-2 subset through the CLI. Nothing downloads: the model comes from the installed package.
+mask carried across the cut (and through the codecs), FLOPs from the flop counter, the token cache.
+Slow tier (about 30 s each on a loaded 2-core machine): vanilla SL with one client against centralised
+LoRA fine-tuning step by step, and SplitFed-V1 end to end on a tiny SST-2 subset through the CLI. Nothing downloads: the model comes from the installed package.
 """
 
 from __future__ import annotations
@@ -217,6 +217,7 @@ def test_tokens_cached_without_pickle_and_batches_trimmed(tmp_path):
 
 # ----------------------------------------------------------------------------- split = centralised
 @needs_llm
+@pytest.mark.slow
 def test_vanilla_sl_one_client_equals_centralised_lora_step_by_step(tmp_path, monkeypatch, server_identity):
     """Vanilla SL, one client, cut after layer 2, 2 AdamW steps: the model equals centralised LoRA
     fine-tuning on the same batches to 1e-6. BERT's dropout is off here (the masks' RNG streams differ
