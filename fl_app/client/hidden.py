@@ -80,7 +80,7 @@ def initial_state(node: Node, secret: GroupSecret) -> dict[str, torch.Tensor]:
     public one: only the seed differs)."""
     task = node.task
     model = build_model(task.model_name, task.data.input_shape, task.data.num_classes, secret.init_seed,
-                        init=task.init)
+                        init=task.init, **dict(task.lora))
     state = model.state_dict()
     return {k: state[k] for k in client_keys(node, model)}
 

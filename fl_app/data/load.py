@@ -14,12 +14,13 @@ from pathlib import Path
 
 from fl_app.data import files, hub
 from fl_app.data.dataset import DATASETS, ImageDataset
+from fl_app.data.text import TEXT_DATASETS, TextDataset, load_text_dataset
 from fl_app.errors import ConfigError
 
 __all__ = ["load_dataset"]
 
 
-def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> ImageDataset:
+def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> ImageDataset | TextDataset:
     """Load a dataset by name, cached per ``(name, resolved data_dir)``.
 
     Args:
@@ -31,7 +32,9 @@ def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> I
             ``test_batch`` in ``data_dir`` or ``data_dir/cifar-10-batches-py``.
             ``cifar100``: ``train`` and ``test`` in ``data_dir`` or
             ``data_dir/cifar-100-python``. Empty string or None means "no local
-            directory": only the Hugging Face hub is tried.
+            directory": only the Hugging Face hub is tried. ``sst2``,
+            ``text-csv``: :func:`fl_app.data.text.load_text_dataset` (a
+            ``data_dir`` is required; the ``llm`` extra too).
 
     Returns:
         An :class:`ImageDataset` (uint8 images ``[N, C, H, W]``, int64 labels).
@@ -42,8 +45,10 @@ def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> I
         ConfigError: unknown name; ``data_dir`` given but not an existing
             directory; corrupt files; files absent and the hub unreachable.
     """
+    if name in TEXT_DATASETS:
+        return _load_text(name, data_dir)
     if name not in DATASETS:
-        raise ConfigError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
+        raise ConfigError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS + TEXT_DATASETS)}")
     if name == "mnist-5k":
         return _load_cached(name, None)
     if data_dir is None or str(data_dir) == "":
@@ -52,6 +57,21 @@ def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None) -> I
     if not path.is_dir():
         raise ConfigError(f"data-dir '{data_dir}' does not exist")
     return _load_cached(name, str(path.resolve()))
+
+
+def _load_text(name: str, data_dir: str | os.PathLike[str] | None) -> TextDataset:
+    """A text dataset from ``data_dir`` (required), cached per resolved directory."""
+    if data_dir is None or str(data_dir) == "":
+        raise ConfigError(f"dataset {name!r} needs data-dir=DIR (the directory with its files)")
+    path = Path(data_dir).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"data-dir '{data_dir}' does not exist")
+    return _load_text_cached(name, str(path.resolve()))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_text_cached(name: str, data_dir: str) -> TextDataset:
+    return load_text_dataset(name, Path(data_dir))
 
 
 @functools.lru_cache(maxsize=8)

@@ -11,7 +11,9 @@ The package, by concern:
   (``lenet5``, ``lenet5-ringsfl``), :mod:`~fl_app.models.alexnet`
   (``alexnet``, ``alexnet-gas``, ``alexnet17``; 1x28x28 and 3x32x32 input
   alike), :mod:`~fl_app.models.vgg` (``vgg16``), :mod:`~fl_app.models.resnet`
-  (``resnet18``), :mod:`~fl_app.models.vit` (``vit-small``). Each module's
+  (``resnet18``), :mod:`~fl_app.models.vit` (``vit-small``),
+  :mod:`~fl_app.models.minilm` (``minilm-l6``: pretrained, LoRA, text; the
+  ``llm`` extra). Each module's
   docstring gives its paper and its blocks.
 
 This module holds the registry (:data:`MODELS`) and :func:`build_model`, and
@@ -39,6 +41,7 @@ from fl_app.models.alexnet import alexnet, alexnet17, alexnet_gas
 from fl_app.models.blocks import BlockModel, draws_random, fixed_rng, split_model
 from fl_app.models.init import INITS, initialise
 from fl_app.models.lenet import lenet5, lenet5_ringsfl
+from fl_app.models.minilm import minilm_l6
 from fl_app.models.profiling import BlockProfile, profile_blocks, segment_profile
 from fl_app.models.resnet import BasicBlock, resnet18
 from fl_app.models.vgg import vgg16
@@ -46,6 +49,7 @@ from fl_app.models.vit import ClassifierHead, EncoderLayer, PatchEmbedding, vit_
 
 __all__ = [
     "MODELS",
+    "TEXT_MODELS",
     "INITS",
     "BlockModel",
     "BasicBlock",
@@ -63,7 +67,10 @@ __all__ = [
 
 MODELS: tuple[str, ...] = ("alexnet", "alexnet-gas", "lenet5", "lenet5-ringsfl", "vgg16", "resnet18", "alexnet17",
                            "vit-small")
-"""Names accepted by :func:`build_model`."""
+"""Image models accepted by :func:`build_model` (``(C, H, W)`` inputs)."""
+
+TEXT_MODELS: tuple[str, ...] = ("minilm-l6",)
+"""Pretrained text models accepted by :func:`build_model` (token ids from a text dataset; the ``llm`` extra)."""
 
 #: Model name -> the function building its ``(name, module)`` blocks from ``(input shape, classes)``.
 _BUILDERS: dict[str, Callable[[tuple[int, int, int], int], list[tuple[str, nn.Module]]]] = {
@@ -77,9 +84,12 @@ _BUILDERS: dict[str, Callable[[tuple[int, int, int], int], list[tuple[str, nn.Mo
     "vit-small": vit_small,
 }
 
+#: Pretrained models: built by their own function with the LoRA keys, never re-initialised by ``init``.
+_PRETRAINED: dict[str, Callable[..., list[tuple[str, nn.Module]]]] = {"minilm-l6": minilm_l6}
+
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, seed: int = 0,
-                init: str = "default") -> BlockModel:
+                init: str = "default", **lora: object) -> BlockModel:
     """Build model ``name`` for per-sample inputs of shape ``(C, H, W)``.
 
     Initialisation is deterministic: the same ``seed`` and ``init`` give
@@ -105,12 +115,15 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
       without BatchNorm start at a saddle (loss 2.30).
 
     Args:
-        name: one of :data:`MODELS`.
+        name: one of :data:`MODELS` or :data:`TEXT_MODELS`.
         input_shape: ``(channels, height, width)`` of one sample, e.g.
             ``(1, 28, 28)`` or ``(3, 32, 32)``.
         num_classes: number of logits of the last block (>= 1).
         seed: initialisation seed.
-        init: one of :data:`INITS`.
+        init: one of :data:`INITS` (ignored by a pretrained model: its base
+            weights are the pretrained ones, its adapters and head drawn from ``seed``).
+        lora: a pretrained model's keywords (``lora_rank``, ``lora_alpha``,
+            ``lora_targets``; :func:`~fl_app.models.minilm.minilm_l6`); ignored by the others.
 
     Returns:
         A :class:`BlockModel` mapping ``(N, C, H, W)`` to logits
@@ -120,8 +133,8 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
         ConfigError: unknown ``name`` or ``init``, a bad ``input_shape``
             (including one too small for the model), or ``num_classes < 1``.
     """
-    if name not in _BUILDERS:
-        raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODELS)}")
+    if name not in _BUILDERS and name not in _PRETRAINED:
+        raise ConfigError(f"unknown model {name!r}: choose one of {', '.join(MODELS + TEXT_MODELS)}")
     if init not in INITS:
         raise ConfigError(f"unknown init {init!r}: choose one of {', '.join(INITS)}")
     shape = _check_input_shape(input_shape)
@@ -129,8 +142,11 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int, 
         raise ConfigError(f"num_classes must be a positive int, got {num_classes!r}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        blocks = _BUILDERS[name](shape, num_classes)
-        initialise(name, blocks, init)
+        if name in _PRETRAINED:
+            blocks = _PRETRAINED[name](shape, num_classes, **lora)
+        else:
+            blocks = _BUILDERS[name](shape, num_classes)
+            initialise(name, blocks, init)
     return BlockModel(blocks, name=name)
 
 

@@ -88,8 +88,22 @@ class ReplyChecker:
         self._labels_in_range: dict[int, object] = {}
 
     def output_shape(self, end: int) -> tuple[int, ...]:
-        """Per-sample output shape of block ``end - 1`` (the last block of a range ``[start, end)``)."""
-        return tuple(self.task.profiles[end - 1].output_shape)
+        """Per-sample output shape of block ``end - 1`` (the last block of a range ``[start, end)``).
+
+        A text dataset's batches are padded to their longest sentence
+        (:class:`fl_app.data.text.TextDataset`): a ``(T, D)`` activation's
+        ``T`` is then given as ``-T``, any length from 1 to ``T``.
+        """
+        shape = tuple(self.task.profiles[end - 1].output_shape)
+        if getattr(self.task.data, "variable_length", False) and len(shape) == 2:
+            return (-shape[0], shape[1])
+        return shape
+
+    def _any_length(self, sample: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """``sample`` with a text batch's ``T`` as ``-T_max`` (see :meth:`output_shape`)."""
+        if sample is None or not getattr(self.task.data, "variable_length", False) or len(sample) != 2:
+            return sample
+        return (-int(self.task.data.input_shape[-1]), sample[1])
 
     def problem(self, request: Request, content: RecordDict | None, num_examples: int | None = None
                 ) -> ReplyProblem | None:
@@ -125,7 +139,7 @@ class ReplyChecker:
                 self._tensor(content, P.GRADIENT, "g", schema.input_gradient or None, "float32")
             if schema.activations is not None:
                 batch, end = schema.activations
-                sample = self.output_shape(end) if end is not None else schema.sample_shape
+                sample = self.output_shape(end) if end is not None else self._any_length(schema.sample_shape)
                 self._tensor(content, P.ACTIVATIONS, "x", None if sample is None else (batch, *sample), "float32")
             if schema.perturbed:
                 x = content[P.ACTIVATIONS]["x"]
@@ -156,6 +170,8 @@ class ReplyChecker:
             raise _Bad(f"missing {key}/{name}")
         arr = record[name]
         got_shape, got_dtype = tuple(int(s) for s in arr.shape), str(arr.dtype)
+        if shape is not None and len(got_shape) == len(shape):  # -T: any length 1..T (text batches)
+            got_shape = tuple(w if w < 0 and 1 <= g <= -w else g for g, w in zip(got_shape, shape))
         if got_dtype != dtype or (shape is not None and got_shape != tuple(shape)):
             want = f"{tuple(shape) if shape is not None else '[...]'} {dtype}"
             raise _Bad(f"{key}/{name} has shape {got_shape} dtype {got_dtype}, expected {want}")
