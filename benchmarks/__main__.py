@@ -4,7 +4,7 @@ The benchmarks are the top floor, above ``simulation`` (``tests/test_architectur
 ``simulation`` imports them, so ``sflower`` runs them as this child program, with the checkout on its
 ``PYTHONPATH`` (:func:`simulation.cli.cmd_bench`). Its arguments are the ones ``sflower`` parsed:
 
-* ``python -m benchmarks [NAME ...] [--quick] [--data-dir DIR] [--against REV]``: :func:`benchmarks.runner.run_benchmarks`
+* ``python -m benchmarks [NAME ...] [--quick] [--data-dir DIR] [--against REV] [--out DIR]``: :func:`benchmarks.runner.run_benchmarks`
   (no name: :data:`benchmarks.runner.DEFAULT_BENCHMARKS`);
 * ``python -m benchmarks deploy [KEY=VALUE ...]``: :func:`benchmarks.deploy.run_bench`.
 
@@ -34,6 +34,7 @@ def bench(argv: Sequence[str]) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--against", default=None)
+    parser.add_argument("--out", default=None, help="population: write results.json and table.md here")
     args = parser.parse_args(argv)
     names = args.only or list(DEFAULT_BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
@@ -42,7 +43,7 @@ def bench(argv: Sequence[str]) -> int:
     if "summary" in names and args.against is None:
         raise ConfigError("bench summary needs --against REV (the revision to compare with)")
     try:
-        run_benchmarks(names, quick=args.quick, data_dir=args.data_dir, against=args.against)
+        run_benchmarks(names, quick=args.quick, data_dir=args.data_dir, against=args.against, out=args.out)
     except RuntimeError as err:  # a benchmark's run failed (its child's last error line)
         print(f"sflower: bench failed: {err}", file=sys.stderr)
         return 1

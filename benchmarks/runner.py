@@ -7,19 +7,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-BENCHMARKS = ("engine", "throughput", "scale", "generation", "memory", "ring", "liveness", "summary")
-#: What ``sflower bench`` runs when no benchmark is named (``summary`` repeats the others' runs).
-DEFAULT_BENCHMARKS = BENCHMARKS[:-1]
+BENCHMARKS = ("engine", "throughput", "scale", "generation", "memory", "ring", "liveness", "population", "summary")
+#: What ``sflower bench`` runs when no benchmark is named (``summary`` repeats the others' runs;
+#: ``population`` takes minutes, at 10,000 clients).
+DEFAULT_BENCHMARKS = tuple(b for b in BENCHMARKS if b not in ("population", "summary"))
 
 
 def run_benchmarks(names: list[str], quick: bool = False, data_dir: str | None = None,
-                   against: str | None = None) -> dict[str, Any]:
+                   against: str | None = None, out: str | None = None) -> dict[str, Any]:
     """Run the named benchmarks; print and return their figures.
 
     ``against``: a git revision that ``engine`` (its small run, in-process),
     ``throughput``, ``ring`` (one 60-step round, in-process; 20 with
     ``quick``) and ``summary`` run side by side with the working tree, each
-    run in a fresh interpreter (:func:`benchmarks.common.side_by_side`).
+    run in a fresh interpreter (:func:`benchmarks.common.side_by_side`); so does ``population``.
+    ``out``: the directory ``population`` writes its results file and table to.
     """
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="sflower-bench-") as tmpdir:
@@ -58,6 +60,10 @@ def run_benchmarks(names: list[str], quick: bool = False, data_dir: str | None =
                 from benchmarks.liveness import bench_liveness
 
                 results[name] = bench_liveness(tmp, quick)
+            elif name == "population":  # process time, start-up, s per iteration, peak RSS at 100..10,000 clients
+                from benchmarks.population import bench_population
+
+                results[name] = bench_population(tmp, quick, data_dir, against, out)
             elif name == "summary":
                 from benchmarks import summary
 
@@ -65,6 +71,6 @@ def run_benchmarks(names: list[str], quick: bool = False, data_dir: str | None =
                     raise ValueError("bench summary needs against=REV")
                 results[name] = summary.run(tmp, against, quick, data_dir)
             print(json.dumps(results[name], indent=2, default=str), flush=True)
-            if name == "summary":
+            if name in ("summary", "population"):
                 print(results[name]["table"], flush=True)
     return results

@@ -319,7 +319,12 @@ class LiveCache:
 #: under Ray; for measurements and tests, which compare the two).
 ENABLED = True
 
-#: ``id(context.state)`` -> (weak reference to it, its cache)
+#: Nodes that keep a live cache, the least recently used dropped first: an idle node of a large population
+#: keeps no model copy or graph (issue 47). A node dropped is one whose next message finds no cache, as under
+#: Ray: it rebuilds from its state, the same numbers.
+MAX_NODES = 256
+
+#: ``id(context.state)`` -> (weak reference to it, its cache), least recently used first
 _LIVE: dict[int, tuple[weakref.ref, LiveCache]] = {}
 _LOCK = threading.Lock()
 
@@ -329,7 +334,9 @@ def live_cache(state: RecordDict, register: bool = True) -> LiveCache | None:
 
     None the first time a state object is seen (it is then registered, when
     ``register``): a state that is a fresh copy in every message never gets a
-    cache.
+    cache. A registering call (a message starting on the node) makes the node
+    the most recently used; beyond :data:`MAX_NODES` nodes the least recently
+    used lose their caches (and registration: their next message is a first one).
     """
     if not ENABLED:
         return None
@@ -337,13 +344,18 @@ def live_cache(state: RecordDict, register: bool = True) -> LiveCache | None:
     with _LOCK:
         entry = _LIVE.get(key)
         if entry is not None and entry[0]() is state:
+            if register:
+                _LIVE[key] = _LIVE.pop(key)  # most recently used last
             return entry[1]
         if register:
             try:
                 ref = weakref.ref(state, functools.partial(_forget, key))
             except TypeError:
                 return None
+            _LIVE.pop(key, None)  # a dead state's entry under a reused id
             _LIVE[key] = (ref, LiveCache())
+            while len(_LIVE) > MAX_NODES:
+                del _LIVE[next(iter(_LIVE))]
     return None
 
 

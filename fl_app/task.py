@@ -334,7 +334,8 @@ def write_partition_dirs(cfg: RunConfig, out_dir: str | os.PathLike[str]) -> lis
 
 
 def write_partition_plot(task: Task, path: str | os.PathLike[str]) -> None:
-    """``partition.png`` of ``task``: its partitions' label histograms as stacked bars (client sizes on top).
+    """``partition.png`` of ``task``: its partitions' label histograms, as stacked bars (client sizes on top) up
+    to 100 clients, as a client × label heatmap of the counts above (:data:`~fl_app.data.partition_plot.MAX_BAR_CLIENTS`).
 
     See :func:`fl_app.data.partition_plot.plot_partitions`.
     """

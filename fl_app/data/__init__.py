@@ -30,7 +30,8 @@ Modules:
   the sources.
 * :mod:`fl_app.data.partition`: :func:`partition_indices`.
 * :mod:`fl_app.data.partition_plot`: ``partition.png``, the label histogram of
-  every partition (flwr-datasets' ``plot_label_distributions``).
+  every partition (flwr-datasets' ``plot_label_distributions``: stacked bars up to
+  100 clients, its heatmap of the client × label counts above).
 * :mod:`fl_app.data.device`: device-local data (a SuperNode's own training
   files, ``--node-config data-dir=DIR``): :func:`load_device_dataset` and
   :func:`write_training_files` (what ``sflower partition`` writes).
