@@ -368,11 +368,13 @@ def forget(state: RecordDict) -> None:
             del _LIVE[id(state)]
 
 
-def _forget(key: int, ref: weakref.ref) -> None:
-    with _LOCK:
-        entry = _LIVE.get(key)
+def _forget(key: int, ref: weakref.ref, lock: threading.Lock = _LOCK, live: dict = _LIVE) -> None:
+    # the lock and table bound at definition: a weakref callback may run at interpreter exit, after the
+    # module's globals are gone (they were None there: a TypeError logged at every exit)
+    with lock:
+        entry = live.get(key)
         if entry is not None and entry[0] is ref:
-            del _LIVE[key]
+            del live[key]
 
 
 def committing(handler: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
