@@ -28,13 +28,50 @@ def is_vertical(strategy_cls: type) -> bool:
     return bool(getattr(strategy_cls, "vertical", False))
 
 
+#: The core keys a vertical run reads (its own keys aside): any other core key set to a value other than its
+#: default is refused (:func:`check_unread`), so that no input is accepted and ignored.
+VERTICAL_READS = frozenset({
+    "strategy", "strategy-options", "dataset", "data-dir", "label-defence", "label-noise", "label-power",
+    "global-iterations", "eval-every", "batch-size", "lr", "seed", "output-dir", "preset", "preset-any-strategy",
+    "node-timeout", "transport", "session-address", "session-certificate", "session-key", "session-ca",
+    "session-tls", "session-timeout"})
+#: Why a vertical run refuses a key it does not read, where there is more to say than "not read".
+_WHY = {
+    "resume": "a vertical run writes no checkpoint, so it cannot resume (run it again: it is deterministic)",
+    "checkpoint-every": "a vertical run writes no checkpoint (its parties' models stay on their nodes)",
+    "tracker": "a vertical run logs to metrics.csv only, no experiment tracker",
+    "clock": "a vertical run keeps its own virtual clock (PSI, transfers and FLOPs; vertical-link-mbps, "
+             "vertical-gflops), whatever the engine",
+    "num-clients": "a vertical run's nodes are its parties (vertical-parties; 2 for a CSV pair)",
+}
+
+
+def check_unread(cfg: RunConfig) -> None:
+    """Refuse a core key that a vertical run does not read (outside :data:`VERTICAL_READS`) at a value other
+    than its default: ``resume``, ``checkpoint-every``, ``tracker``, ``num-clients``, ``clock``, ``model``, ...
+
+    Raises:
+        ConfigError: one line naming the first such key (in declaration order), its value and why.
+    """
+    from fl_app.options import CORE_OPTIONS
+
+    values = cfg.as_dict()
+    for opt in CORE_OPTIONS:
+        if opt.key in VERTICAL_READS or opt.key not in values or values[opt.key] == opt.default:
+            continue
+        why = _WHY.get(opt.key, "strategy=vertical-sl does not read it")
+        raise ConfigError(f"{opt.key}={values[opt.key]}: {why}; remove it")
+
+
 def check_vertical(cfg: RunConfig) -> None:
     """Refuse, in one line, a configuration a vertical run cannot take.
 
     Raises:
         ConfigError: a dataset that is not vertical, ``vertical-parties`` other than 2 on a CSV pair, a
-            ``label-defence`` without its strength (or a strength without it).
+            ``label-defence`` without its strength (or a strength without it), a core key it does not read
+            (:func:`check_unread`).
     """
+    check_unread(cfg)
     names = [*VERTICAL_DATASETS, FMNIST]
     if cfg.dataset not in names:
         raise ConfigError(f"strategy=vertical-sl needs a vertical dataset ({', '.join(names)}), not {cfg.dataset}")

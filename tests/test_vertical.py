@@ -299,3 +299,22 @@ def test_cardinality_mode_gives_the_size_and_trains_nothing(tmp_path):
     (guest, host), _ = load_vertical("vertical-breast", DATA, overlap=0.9, seed=0)
     assert s["pairwise_intersections"] == {"1": len(set(guest.ids) & set(host.ids))} and s["psi_bytes"] > 0
     assert not (tmp_path / "card" / "metrics.csv").exists()
+
+
+@pytest.mark.parametrize("pair,message", [
+    ("checkpoint-every=5", "checkpoint-every=5: a vertical run writes no checkpoint"),
+    ("tracker=tensorboard", "tracker=tensorboard: a vertical run logs to metrics.csv only"),
+    ("model=resnet18", "model=resnet18: strategy=vertical-sl does not read it"),
+    ("momentum=0.5", "momentum=0.5: strategy=vertical-sl does not read it"),
+    ("clock=wall", "clock=wall: a vertical run keeps its own virtual clock"),
+    ("num-clients=30", "num-clients=30: a vertical run's nodes are its parties"),
+    ("resume=some-run-dir", "resume=some-run-dir: a vertical run writes no checkpoint, so it cannot resume"),
+])
+def test_a_key_the_vertical_run_does_not_read_stops_it_in_one_line(tmp_path, capsys, pair, message):
+    """No input accepted silently: resume, checkpoint-every, tracker and every other core key a vertical run does
+    not read stop it with exit 2 and one line naming the key, before any output."""
+    code = cli.main(["run", "--quiet", f"strategy={STRATEGY}", "dataset=vertical-breast", f"data-dir={DATA}",
+                     f"output-dir={tmp_path / 'out'}", pair])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and message in err, err
+    assert not (tmp_path / "out").exists()
