@@ -248,6 +248,8 @@ def main(grid: Grid, context: Context) -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+    if _vertical_main(grid, context):
+        return
     try:
         resume = str(given_or_default(context.run_config, "resume") or "")
         if resume:  # the checkpoint's configuration, with the keys the user gave that a resume may change
@@ -261,3 +263,26 @@ def main(grid: Grid, context: Context) -> None:
     summary = run_server(grid, plan)
     log.info("sflower: %s finished: final accuracy %.4f, outputs in %s",
              summary["strategy"], summary["final_accuracy"], plan.out_dir)
+
+
+def _vertical_main(grid: Grid, context: Context) -> bool:
+    """Run ``context.run_config`` here if its strategy is vertical (:func:`simulation.vertical.run_vertical` on
+    ``grid``); False if it is not. Bad input: one logged line, exit 2 (as :func:`main`)."""
+    from fl_app.plugins import strategy_class
+    from simulation.vertical import is_vertical, run_vertical
+
+    try:
+        cls = strategy_class(str(given_or_default(context.run_config, "strategy")))
+    except ConfigError:
+        return False  # main says why
+    if not is_vertical(cls):
+        return False
+    try:
+        cfg = RunConfig.from_mapping(context.run_config, given=user_keys(grid))
+        summary = run_vertical(cfg, cls, grid=grid)
+    except ConfigError as err:
+        log.error("sflower: %s", err)
+        raise SystemExit(2) from None
+    log.info("sflower: %s finished: final accuracy %s, outputs in %s", summary["strategy"],
+             summary.get("final_accuracy"), summary["output_dir"])
+    return True

@@ -83,22 +83,29 @@ def check_vertical(cfg: RunConfig) -> None:
                           f"label-power={cfg.label_power:g})")
 
 
-def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess") -> dict[str, Any]:
+def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess",
+                 grid: Any = None) -> dict[str, Any]:
     """Run a vertical configuration; returns the summary (also in ``summary.json``).
 
+    ``grid``: the ServerApp's grid under ``flwr run`` (Flower's simulation or a deployment; ``engine`` is then
+    ignored): node ``i`` is the party of its ``vertical-party`` or ``partition-id``. In a deployment the messages
+    take the session transport where the other strategies' do (:func:`serve_grid`).
+
     Raises:
-        ConfigError: see :func:`check_vertical`; an engine other than ``inprocess``.
+        ConfigError: see :func:`check_vertical`; an engine other than ``inprocess`` or ``ray``.
     """
     check_vertical(cfg)
-    if engine not in ("inprocess", "ray"):
+    if grid is None and engine not in ("inprocess", "ray"):
         raise ConfigError(f"engine={engine}: vertical-sl runs on the in-process or the Ray engine")
     parties = cfg.vertical_parties if cfg.dataset == FMNIST else 2
     first = 1 if cfg.label_party == "server" else 0
     configs = [{PARTY: k} for k in range(first, parties)]
     out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
     recorder = RunRecorder(out, recorded_config(cfg), {"parties": parties, "label_party": cfg.label_party,
-                                                       "engine": engine})
-    if engine == "ray":
+                                                       "engine": "flwr-run" if grid is not None else engine})
+    if grid is not None:
+        summary = serve_grid(cfg, strategy_cls, recorder, grid)
+    elif engine == "ray":
         summary = _run_ray(cfg, strategy_cls, recorder, len(configs))
     else:
         grid = InProcessGrid(party_app, len(configs), cfg.seed, configs)
@@ -106,6 +113,27 @@ def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess
             summary = strategy_cls(cfg, grid, recorder.append).run()
     summary["output_dir"] = str(out)
     return recorder.finish(summary)
+
+
+def serve_grid(cfg: RunConfig, strategy_cls: type, recorder: RunRecorder, grid: Any) -> dict[str, Any]:
+    """The run on a ServerApp's ``grid``: through a session per node (:mod:`simulation.session`) when
+    :func:`~simulation.session.choose_transport` picks it in a deployment (TLS files given, as ``sflower deploy``
+    gives them), else through Flower's messages. The wire bytes of the sessions go to the summary.
+
+    The transport is chosen as on the wall clock (a vertical run keeps its own virtual clock: ``clock`` does not
+    apply to it). Raises what the strategy raises (ConfigError, RunFailedError).
+    """
+    from simulation.session import check_transport, choose_transport, open_session_grid
+
+    check_transport(cfg)
+    if choose_transport(cfg.replace(clock="wall"), grid) != "session":
+        return strategy_cls(cfg, grid, recorder.append).run()
+    session = open_session_grid(grid, cfg)
+    recorder.late = session.wire_bytes
+    try:
+        return strategy_cls(cfg, session, recorder.append).run()
+    finally:
+        session.close()
 
 
 def _run_ray(cfg: RunConfig, strategy_cls: type, recorder: RunRecorder, nodes: int) -> dict[str, Any]:

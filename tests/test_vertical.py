@@ -318,3 +318,41 @@ def test_a_key_the_vertical_run_does_not_read_stops_it_in_one_line(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and message in err, err
     assert not (tmp_path / "out").exists()
+
+
+def _wait_summary(out: Path, runner, seconds: float) -> str:
+    """Wait for ``out/summary.json`` while ``runner`` (``flwr run --stream``) lives; its log."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (out / "summary.json").exists() and time.monotonic() < deadline:
+        if not runner.alive():
+            time.sleep(3)  # the summary may land just after `flwr run --stream` returns
+            break
+        time.sleep(0.5)
+    return runner.log_path.read_text(errors="replace")
+
+
+@pytest.mark.e2e
+@needs_data
+def test_flwr_run_in_simulation_writes_the_in_process_metrics(tmp_path):
+    """``flwr run . --run-config 'strategy="vertical-sl" ...'`` on a simulation SuperLink with 2 virtual SuperNodes:
+    the ServerApp hands the run to the vertical strategy, the ClientApp answers ``query.vertical``, and the
+    metrics.csv equals the in-process run's in every column but wall time."""
+    from simulation.deploy.cluster import Deployment
+    from simulation.deploy.processes import flower_binaries_missing
+
+    if flower_binaries_missing():
+        pytest.skip("Flower's binaries are not installed")
+    keys = {"strategy": "vertical-sl", "dataset": "vertical-breast", "data-dir": str(DATA), "global-iterations": 40,
+            "eval-every": 20, "batch-size": 32, "lr": 0.1, "vertical-overlap": 0.9, "psi-backend": "dh"}
+    run_vertical(RunConfig.from_mapping({**keys, "output-dir": str(tmp_path / "inproc")}), VerticalSL)
+    out = tmp_path / "flwr"
+    with Deployment(tmp_path / "deploy", tls=False, auth=False) as dep:
+        dep.start_superlink(simulation=True)
+        runner = dep.run_app({**keys, "output-dir": str(out)},
+                             federation_config="num-supernodes=2 client-resources-num-cpus=1 init-args-num-cpus=1")
+        log = _wait_summary(out, runner, 300)
+    assert (out / "summary.json").exists(), log[-3000:]
+    assert _metrics(out) == _metrics(tmp_path / "inproc")
+    assert len(_metrics(out)) == 3
