@@ -66,9 +66,10 @@ def _run(args: argparse.Namespace) -> int:
     engine, pairs = split_engine(parse_key_values(args.pairs))
     engine_options = pop_engine_options(engine, pairs)  # ray-address, ray-cpus, ray-gpus
     resume = pairs.pop("resume", None)
-    if resume is not None and ("strategy" in pairs or "preset" in pairs):  # a vertical run cannot resume
-        _refuse_vertical({**pairs, "resume": resume})
     if resume is not None:
+        from simulation.vertical_server import refuse_resume
+
+        refuse_resume({**pairs, "resume": resume}) if "strategy" in pairs or "preset" in pairs else None
         pairs = resume_pairs(resume, pairs)
     cfg = RunConfig.from_mapping(pairs)
     vertical = _run_vertical(cfg, engine, args.quiet) if resume is None else None
@@ -101,20 +102,6 @@ def _run(args: argparse.Namespace) -> int:
           f"(best {summary['best_accuracy']:.4f}) after {summary['global_iterations']} global iterations, "
           f"{summary['virtual_time_s']:.1f} virtual s, {summary['wall_time_s']:.1f} wall s -> {plan.out_dir}")
     return 0
-
-
-def _refuse_vertical(pairs: dict) -> None:
-    """Refuse ``pairs`` (with ``resume``) if they name a vertical strategy.
-
-    Raises:
-        ConfigError: the vertical run's one line (:func:`simulation.vertical.check_unread`).
-    """
-    from fl_app.plugins import strategy_class
-    from simulation.vertical import check_unread, is_vertical
-
-    cfg = RunConfig.from_mapping(pairs)
-    if is_vertical(strategy_class(cfg.strategy)):
-        check_unread(cfg)
 
 
 def _run_vertical(cfg: RunConfig, engine: str, quiet: bool) -> int | None:
