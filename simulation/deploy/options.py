@@ -15,6 +15,7 @@ from typing import Any
 from fl_app.config import RunConfig, installed_declarations
 from fl_app.options import Option, core_option
 from fl_app.errors import ConfigError
+from fl_app.plugins import strategy_class
 
 #: The deploy options (the other ``KEY=VALUE`` pairs are run-config keys): typed, bounded and parsed as
 #: run-config keys are (:class:`~fl_app.options.Option`).
@@ -51,7 +52,7 @@ class DeployOptions:
         opts: the deploy options (:data:`DEPLOY_DEFAULTS` keys).
         run_pairs: run-config overrides as given (strings), hyphenated keys.
         cfg: the resolved run configuration (``num-clients`` = nodes + intruders
-            unless given, ``clock=wall`` unless given).
+            unless given, ``clock=wall`` unless given; neither for a vertical strategy, which reads neither).
     """
 
     opts: dict[str, Any]
@@ -85,14 +86,17 @@ def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
         raise ConfigError("intruders need auth=true (without authentication every SuperNode is accepted)")
     if "output-dir" in run_pairs:
         raise ConfigError("deploy writes the outputs to RUN_DIR/out; set run-dir=DIR instead of output-dir")
-    run_pairs.setdefault("num-clients", nodes + intruders)
-    if "concurrency" not in run_pairs:
+    vertical = bool(getattr(strategy_class(str(RunConfig.from_mapping(run_pairs).strategy)), "vertical", False))
+    if not vertical:  # a vertical run's nodes are its parties, on its own virtual clock: it reads neither key
+        run_pairs.setdefault("num-clients", nodes + intruders)
+    if "concurrency" not in run_pairs and not vertical:
         try:
             clients = int(str(run_pairs["num-clients"]).strip() or 0)
         except ValueError:
             raise ConfigError(f"num-clients must be an integer, got {run_pairs['num-clients']!r}") from None
         run_pairs["concurrency"] = min(int(core_option("concurrency").default), clients)
-    run_pairs.setdefault("clock", "wall")
+    if not vertical:
+        run_pairs.setdefault("clock", "wall")
     if intruders:
         run_pairs.setdefault("min-clients", nodes)
         run_pairs.setdefault("join-timeout", 30.0)
