@@ -107,13 +107,13 @@ def _run(args: argparse.Namespace) -> int:
 def _run_vertical(cfg: RunConfig, engine: str, quiet: bool) -> int | None:
     """Run ``cfg`` if its strategy is vertical (:mod:`simulation.vertical`): its exit status; None: it is not."""
     from fl_app.plugins import strategy_class
-    from simulation.vertical import is_vertical, run_vertical
+    from simulation.vertical import check_vertical, is_vertical, run_vertical
     from strategies.core.errors import RunFailedError
 
     cls = strategy_class(cfg.strategy)
     if not is_vertical(cls):
         return None
-    if not quiet:
+    if check_vertical(cfg) is None and not quiet:  # its one-line errors before the run's first line
         from strategies.core.progress import stop_waiting
 
         stop_waiting()
