@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import RunConfig, installed_declarations
+from fl_app.config import RunConfig, installed_declarations, preset_values
 from fl_app.options import Option, core_option
 from fl_app.errors import ConfigError
 from fl_app.plugins import strategy_class
@@ -86,7 +86,7 @@ def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
         raise ConfigError("intruders need auth=true (without authentication every SuperNode is accepted)")
     if "output-dir" in run_pairs:
         raise ConfigError("deploy writes the outputs to RUN_DIR/out; set run-dir=DIR instead of output-dir")
-    vertical = bool(getattr(strategy_class(str(RunConfig.from_mapping(run_pairs).strategy)), "vertical", False))
+    vertical = _is_vertical(run_pairs)
     if not vertical:  # a vertical run's nodes are its parties, on its own virtual clock: it reads neither key
         run_pairs.setdefault("num-clients", nodes + intruders)
     if "concurrency" not in run_pairs and not vertical:
@@ -108,6 +108,17 @@ def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
     if not -1 <= opts["kill-node"] < nodes:
         raise ConfigError(f"kill-node must be a node's partition id 0..{nodes - 1} (or -1), got {opts['kill-node']}")
     return DeployOptions(opts, run_pairs, cfg)
+
+
+def _is_vertical(run_pairs: Mapping[str, Any]) -> bool:
+    """Whether the strategy of ``run_pairs`` (given, else its preset's, else the default) is a vertical one.
+
+    Raises:
+        ConfigError: an unknown strategy or preset.
+    """
+    name = run_pairs.get("strategy") or (preset_values(str(run_pairs["preset"])).get("strategy")
+                                         if run_pairs.get("preset") else None) or core_option("strategy").default
+    return bool(getattr(strategy_class(str(name)), "vertical", False))
 
 
 def fresh_run_dir(given: str, default: str) -> Path:
