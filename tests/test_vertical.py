@@ -406,8 +406,8 @@ def test_deployed_on_supernodes_with_their_own_files_writes_the_in_process_metri
     in-process run's in every column but wall time."""
     import json
 
-    from simulation.deploy.processes import flower_binaries_missing
     from simulation.deploy.options import parse_deploy_args
+    from simulation.deploy.processes import flower_binaries_missing
     from simulation.deploy.run import deploy
 
     if flower_binaries_missing():

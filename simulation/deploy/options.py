@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_app.config import RunConfig, installed_declarations, preset_values
-from fl_app.options import Option, core_option
 from fl_app.errors import ConfigError
+from fl_app.options import Option, core_option
 from fl_app.plugins import strategy_class
 
 #: The deploy options (the other ``KEY=VALUE`` pairs are run-config keys): typed, bounded and parsed as

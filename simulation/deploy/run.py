@@ -17,9 +17,9 @@ from typing import Any
 from fl_app.config import RunConfig, installed_declarations
 from fl_app.plugins import options_of, strategy_class
 from simulation.deploy.cluster import Deployment
+from simulation.deploy.faults import Faults
 from simulation.deploy.keys import certificate_paths
 from simulation.deploy.options import DeployOptions, fresh_run_dir
-from simulation.deploy.faults import Faults
 from simulation.deploy.processes import DeployError, terminate_on_sigterm, wait_for
 from strategies.core.checkpoint import CHECKPOINT_FILE
 
@@ -80,8 +80,8 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
         DeployError: a process failed, the run failed, or ``timeout`` passed.
         KeyboardInterrupt: Ctrl-C or SIGTERM; every process is stopped first.
     """
-    from simulation.server_app import plan_run  # imported late: it loads torch
     from fl_app.task import write_partition_dirs
+    from simulation.server_app import plan_run  # imported late: it loads torch
 
     o, cfg = options.opts, options.cfg
     stamp = time.strftime("%Y%m%d-%H%M%S")
