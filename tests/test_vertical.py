@@ -412,8 +412,8 @@ def test_deployed_on_supernodes_with_their_own_files_writes_the_in_process_metri
 
     if flower_binaries_missing():
         pytest.skip("Flower's binaries are not installed")
-    keys = {"strategy": "vertical-sl", "dataset": "vertical-breast", "data-dir": str(DATA), "global-iterations": 20,
-            "eval-every": 10, "batch-size": 32, "lr": 0.1, "vertical-overlap": 0.9, "psi-backend": "dh"}
+    keys = {"strategy": "vertical-sl", "dataset": "vertical-breast", "data-dir": str(DATA), "global-iterations": 10,
+            "eval-every": 5, "batch-size": 32, "lr": 0.1, "vertical-overlap": 0.9, "psi-backend": "dh"}
     run_vertical(RunConfig.from_mapping({**keys, "output-dir": str(tmp_path / "inproc")}), VerticalSL)
     s = deploy(parse_deploy_args({**{k: str(v) for k, v in keys.items()}, "nodes": "2", "fast": "true",
                                   "timeout": "240", "run-dir": str(tmp_path / "run")}), quiet=True)
