@@ -17,6 +17,7 @@ concern:
 :mod:`fl_app.client.audit`             ``privacy-record``: what each reply carried of the labels
 :mod:`fl_app.client.hidden_handlers`   ``query.hidden``: key agreement, federated evaluation (``hide-client-models``)
 :mod:`fl_app.session.client`           ``query.session``: a session's requests, through this app
+:mod:`fl_app.vertical_party`           ``query.vertical``: a vertical party (vertical split learning)
 =====================================  ==========================================================
 """
 
@@ -35,6 +36,7 @@ from fl_app.client.split_handlers import train_backward, train_forward, train_st
 from fl_app.client.zo_handlers import train_zo_forward, train_zo_update
 from fl_app.link import client_mod
 from fl_app.session.client import serve_session
+from fl_app.vertical_party import query_vertical
 
 
 def one_torch_thread(msg: Message, context: Context, call_next) -> Message:
@@ -66,6 +68,7 @@ app.evaluate()(evaluate)
 app.query("checkpoint")(query_checkpoint)
 app.query("restore")(query_restore)
 app.query("hidden")(query_hidden)
+app.query("vertical")(query_vertical)  # a vertical party's operations (fl_app.vertical_party)
 
 
 @app.query("session")

@@ -3,7 +3,7 @@
 Every message is ``query.vertical`` with a config record ``vertical`` whose ``op`` says what to do; the
 ServerApp relays the parties' bytes and tensors (Flower has no node-to-node channel). A node's party
 index is its ``node_config`` ``vertical-party`` (0: the label party); it reads only its own table
-(:func:`fl_app.data.vertical.load_vertical`, its ``data-dir`` from its node config when given).
+(:func:`fl_app.data.vertical.load_party`: its own file alone, its ``data-dir`` from its node config when given).
 
 =================  ========================================================================
 ``op``             what the party does (state in ``context.state``)
@@ -47,7 +47,7 @@ from flwr.clientapp import ClientApp
 
 from fl_app import psi
 from fl_app import vertical as V
-from fl_app.data.vertical import load_vertical
+from fl_app.data.vertical import load_party, party_count
 from fl_app.errors import ConfigError
 from fl_app.protocol.codec import tensor_array
 from fl_app.protocol.records import (
@@ -64,8 +64,9 @@ PARTY = "vertical-party"
 
 
 @functools.lru_cache(maxsize=8)
-def _tables(name: str, data_dir: str, overlap: float, seed: int, parties: int, rows: int):
-    return load_vertical(name, data_dir, overlap=overlap, seed=seed, parties=parties, rows=rows)
+def _table(name: str, data_dir: str, overlap: float, seed: int, parties: int, rows: int, index: int):
+    """Party ``index``'s own table and the class count: only its own file is read (:func:`load_party`)."""
+    return load_party(name, data_dir, index, overlap=overlap, seed=seed, parties=parties, rows=rows)
 
 
 class Party:
@@ -74,11 +75,12 @@ class Party:
     def __init__(self, state: RecordDict, node_config: dict[str, Any], cfg: ConfigRecord) -> None:
         self.state, self.cfg = state, cfg
         self.index = party_index(node_config, str(cfg["label-holder"]))
-        tables, self.classes = _tables(str(cfg["dataset"]), str(node_config.get("data-dir") or cfg["data-dir"]),
-                                       float(cfg["overlap"]), int(cfg["seed"]), int(cfg["parties"]), int(cfg["rows"]))
-        if not 0 <= self.index < len(tables):
-            raise ConfigError(f"node has {PARTY}={self.index}: the run has parties 0..{len(tables) - 1}")
-        self.table = tables[self.index]  # only its own table is used
+        k = party_count(str(cfg["dataset"]), int(cfg["parties"]))
+        if not 0 <= self.index < k:
+            raise ConfigError(f"node has {PARTY}={self.index}: the run has parties 0..{k - 1}")
+        self.table, self.classes = _table(str(cfg["dataset"]), str(node_config.get("data-dir") or cfg["data-dir"]),
+                                          float(cfg["overlap"]), int(cfg["seed"]), int(cfg["parties"]),
+                                          int(cfg["rows"]), self.index)  # only its own file is read
         self.join, self.lr, self.h = str(cfg["join"]), float(cfg["lr"]), int(cfg["embedding"])
 
     def rows(self, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -67,6 +67,9 @@ def _run(args: argparse.Namespace) -> int:
     engine_options = pop_engine_options(engine, pairs)  # ray-address, ray-cpus, ray-gpus
     resume = pairs.pop("resume", None)
     if resume is not None:
+        from simulation.vertical_server import refuse_resume
+
+        refuse_resume({**pairs, "resume": resume}) if "strategy" in pairs or "preset" in pairs else None
         pairs = resume_pairs(resume, pairs)
     cfg = RunConfig.from_mapping(pairs)
     vertical = _run_vertical(cfg, engine, args.quiet) if resume is None else None
@@ -104,13 +107,13 @@ def _run(args: argparse.Namespace) -> int:
 def _run_vertical(cfg: RunConfig, engine: str, quiet: bool) -> int | None:
     """Run ``cfg`` if its strategy is vertical (:mod:`simulation.vertical`): its exit status; None: it is not."""
     from fl_app.plugins import strategy_class
-    from simulation.vertical import is_vertical, run_vertical
+    from simulation.vertical import check_vertical, is_vertical, run_vertical
     from strategies.core.errors import RunFailedError
 
     cls = strategy_class(cfg.strategy)
     if not is_vertical(cls):
         return None
-    if not quiet:
+    if check_vertical(cfg) is None and not quiet:  # its one-line errors before the run's first line
         from strategies.core.progress import stop_waiting
 
         stop_waiting()

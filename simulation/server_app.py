@@ -26,11 +26,12 @@ from fl_app.link import check_links
 from fl_app.numerics import establish, machine_record
 from fl_app.privacy import check_defences
 from fl_app.untrusted import run_dir_config
-from simulation.outputs.records import RunRecorder, default_output_dir
+from simulation.outputs.records import TLS_FILE_KEYS, RunRecorder, default_output_dir, recorded_config  # noqa: F401
 from simulation.outputs.saved_model import ModelSaver
 from fl_app.task import Task, check_batch_size, load_task, write_partition_plot
 from simulation.privacy.record import ReceivedActivations, attach, check_record
 from simulation.session import check_transport, choose_transport, open_session_grid
+from simulation.vertical_server import vertical_main
 from simulation.timing.clocks import VirtualClock, WallClock
 from simulation.timing.devices import draw_profiles
 from simulation.timing.durations import DeviceTiming, ZeroTiming
@@ -142,18 +143,6 @@ def resume_pairs(resume: str, pairs: Mapping[str, Any]) -> dict[str, Any]:
     return {**saved, **changed, "resume": "", "output-dir": str(run_dir)}
 
 
-#: Run-config keys that name files of the ServerApp's machine holding TLS material: ``config.json`` says
-#: only whether they were given.
-TLS_FILE_KEYS = ("session-certificate", "session-key", "session-ca")
-
-
-def recorded_config(cfg: RunConfig) -> dict[str, Any]:
-    """The configuration ``config.json`` records: every key, but only ``"<given>"`` for :data:`TLS_FILE_KEYS`
-    (no key, certificate or path of the deployment's in the outputs)."""
-    values = cfg.as_dict()
-    return {**values, **{k: "<given>" for k in TLS_FILE_KEYS if values.get(k)}}
-
-
 def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str, Any]:
     """Run the planned strategy on ``grid``; write the outputs; return the summary.
 
@@ -250,6 +239,8 @@ def main(grid: Grid, context: Context) -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+    if vertical_main(grid, context, user_keys(grid)):  # strategy=vertical-sl: simulation.vertical_server
+        return
     try:
         resume = str(given_or_default(context.run_config, "resume") or "")
         if resume:  # the checkpoint's configuration, with the keys the user gave that a resume may change
@@ -263,3 +254,4 @@ def main(grid: Grid, context: Context) -> None:
     summary = run_server(grid, plan)
     log.info("sflower: %s finished: final accuracy %.4f, outputs in %s",
              summary["strategy"], summary["final_accuracy"], plan.out_dir)
+

@@ -10,64 +10,46 @@ The run directory gets the same ``config.json``, ``metrics.csv``, ``summary.json
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from fl_app.config import RunConfig
-from fl_app.data.vertical import FMNIST, VERTICAL_DATASETS
 from fl_app.errors import ConfigError
 from fl_app.vertical_party import PARTY
 from fl_app.vertical_party import app as party_app
 from simulation.engine import InProcessGrid, _task_identity
-from simulation.outputs.records import RunRecorder, default_output_dir
-from simulation.server_app import recorded_config
-
-
-def is_vertical(strategy_cls: type) -> bool:
-    """Whether a strategy class runs here (``vertical = True``) instead of on the event loop."""
-    return bool(getattr(strategy_cls, "vertical", False))
-
-
-def check_vertical(cfg: RunConfig) -> None:
-    """Refuse, in one line, a configuration a vertical run cannot take.
-
-    Raises:
-        ConfigError: a dataset that is not vertical, ``vertical-parties`` other than 2 on a CSV pair, a
-            ``label-defence`` without its strength (or a strength without it).
-    """
-    names = [*VERTICAL_DATASETS, FMNIST]
-    if cfg.dataset not in names:
-        raise ConfigError(f"strategy=vertical-sl needs a vertical dataset ({', '.join(names)}), not {cfg.dataset}")
-    if cfg.dataset != FMNIST and cfg.vertical_parties != 2:
-        raise ConfigError(f"vertical-parties={cfg.vertical_parties}: {cfg.dataset} has 2 parties (its CSV pair)")
-    if (cfg.label_defence == "iso") != (cfg.label_noise > 0) or (cfg.label_defence == "marvell") != (cfg.label_power > 0):
-        raise ConfigError("label-defence=iso goes with label-noise > 0 and label-defence=marvell with label-power > 0 "
-                          f"(got label-defence={cfg.label_defence}, label-noise={cfg.label_noise:g}, "
-                          f"label-power={cfg.label_power:g})")
+from simulation.outputs.records import RunRecorder
+from simulation.vertical_server import (  # noqa: F401
+    check_unread,
+    check_vertical,
+    is_vertical,
+    parties_of,
+    recorder_dir,
+    serve_grid,
+    start_recorder,
+)
 
 
 def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess") -> dict[str, Any]:
-    """Run a vertical configuration; returns the summary (also in ``summary.json``).
+    """Run a vertical configuration on the in-process or the Ray engine; returns the summary (also in
+    ``summary.json``). Under ``flwr run`` the ServerApp runs it instead
+    (:func:`simulation.vertical_server.vertical_main`).
 
     Raises:
-        ConfigError: see :func:`check_vertical`; an engine other than ``inprocess``.
+        ConfigError: see :func:`check_vertical`; an engine other than ``inprocess`` or ``ray``.
     """
     check_vertical(cfg)
     if engine not in ("inprocess", "ray"):
         raise ConfigError(f"engine={engine}: vertical-sl runs on the in-process or the Ray engine")
-    parties = cfg.vertical_parties if cfg.dataset == FMNIST else 2
     first = 1 if cfg.label_party == "server" else 0
-    configs = [{PARTY: k} for k in range(first, parties)]
-    out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
-    recorder = RunRecorder(out, recorded_config(cfg), {"parties": parties, "label_party": cfg.label_party,
-                                                       "engine": engine})
+    configs = [{PARTY: k} for k in range(first, parties_of(cfg))]
+    recorder = start_recorder(cfg, engine)
     if engine == "ray":
         summary = _run_ray(cfg, strategy_cls, recorder, len(configs))
     else:
         grid = InProcessGrid(party_app, len(configs), cfg.seed, configs)
         with _task_identity(grid.run.run_id):
             summary = strategy_cls(cfg, grid, recorder.append).run()
-    summary["output_dir"] = str(out)
+    summary["output_dir"] = str(recorder_dir(cfg))
     return recorder.finish(summary)
 
 

@@ -212,7 +212,7 @@ def test_feature_party_receives_no_id_outside_the_intersection(tmp_path, monkeyp
     ids = [f"customer-{i:06d}-L" for i in range(60, 300)] + [f"customer-{i:06d}-F" for i in range(40)]
     tables = [PartyTable(label_ids, rng.normal(size=(300, 4)).astype(np.float32), rng.integers(0, 2, 300)),
               PartyTable(ids, rng.normal(size=(280, 3)).astype(np.float32))]
-    monkeypatch.setattr(vertical_party, "_tables", lambda *a: (tables, 2))
+    monkeypatch.setattr(vertical_party, "_table", lambda *a: (tables[a[-1]], 2))
     seen: list[bytes] = []
     push = InProcessGrid.push_messages
 
@@ -275,7 +275,7 @@ def test_no_shared_id_stops_the_run_in_one_line(tmp_path, monkeypatch):
     tables = [PartyTable([f"a{i}" for i in range(50)], rng.normal(size=(50, 2)).astype(np.float32),
                          rng.integers(0, 2, 50)),
               PartyTable([f"b{i}" for i in range(50)], rng.normal(size=(50, 2)).astype(np.float32))]
-    monkeypatch.setattr(vertical_party, "_tables", lambda *a: (tables, 2))
+    monkeypatch.setattr(vertical_party, "_table", lambda *a: (tables[a[-1]], 2))
     with pytest.raises(ConfigError, match="party 0: PSI: the parties share no sample ID") as err:
         run_vertical(_cfg(tmp_path), VerticalSL)
     assert "\n" not in str(err.value)
@@ -299,3 +299,128 @@ def test_cardinality_mode_gives_the_size_and_trains_nothing(tmp_path):
     (guest, host), _ = load_vertical("vertical-breast", DATA, overlap=0.9, seed=0)
     assert s["pairwise_intersections"] == {"1": len(set(guest.ids) & set(host.ids))} and s["psi_bytes"] > 0
     assert not (tmp_path / "card" / "metrics.csv").exists()
+
+
+@pytest.mark.parametrize("pair,message", [
+    ("checkpoint-every=5", "checkpoint-every=5: a vertical run writes no checkpoint"),
+    ("tracker=tensorboard", "tracker=tensorboard: a vertical run logs to metrics.csv only"),
+    ("model=resnet18", "model=resnet18: strategy=vertical-sl does not read it"),
+    ("momentum=0.5", "momentum=0.5: strategy=vertical-sl does not read it"),
+    ("clock=wall", "clock=wall: a vertical run keeps its own virtual clock"),
+    ("num-clients=30", "num-clients=30: a vertical run's nodes are its parties"),
+    ("resume=some-run-dir", "resume=some-run-dir: a vertical run writes no checkpoint, so it cannot resume"),
+])
+def test_a_key_the_vertical_run_does_not_read_stops_it_in_one_line(tmp_path, capsys, pair, message):
+    """No input accepted silently: resume, checkpoint-every, tracker and every other core key a vertical run does
+    not read stop it with exit 2 and one line naming the key, before any output."""
+    code = cli.main(["run", "--quiet", f"strategy={STRATEGY}", "dataset=vertical-breast", f"data-dir={DATA}",
+                     f"output-dir={tmp_path / 'out'}", pair])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def _wait_summary(out: Path, runner, seconds: float) -> str:
+    """Wait for ``out/summary.json`` while ``runner`` (``flwr run --stream``) lives; its log."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (out / "summary.json").exists() and time.monotonic() < deadline:
+        if not runner.alive():
+            time.sleep(3)  # the summary may land just after `flwr run --stream` returns
+            break
+        time.sleep(0.5)
+    return runner.log_path.read_text(errors="replace")
+
+
+@pytest.mark.e2e
+@needs_data
+def test_flwr_run_in_simulation_writes_the_in_process_metrics(tmp_path):
+    """``flwr run . --run-config 'strategy="vertical-sl" ...'`` on a simulation SuperLink with 2 virtual SuperNodes:
+    the ServerApp hands the run to the vertical strategy, the ClientApp answers ``query.vertical``, and the
+    metrics.csv equals the in-process run's in every column but wall time."""
+    from simulation.deploy.cluster import Deployment
+    from simulation.deploy.processes import flower_binaries_missing
+
+    if flower_binaries_missing():
+        pytest.skip("Flower's binaries are not installed")
+    keys = {"strategy": "vertical-sl", "dataset": "vertical-breast", "data-dir": str(DATA), "global-iterations": 40,
+            "eval-every": 20, "batch-size": 32, "lr": 0.1, "vertical-overlap": 0.9, "psi-backend": "dh"}
+    run_vertical(RunConfig.from_mapping({**keys, "output-dir": str(tmp_path / "inproc")}), VerticalSL)
+    out = tmp_path / "flwr"
+    with Deployment(tmp_path / "deploy", tls=False, auth=False) as dep:
+        dep.start_superlink(simulation=True)
+        runner = dep.run_app({**keys, "output-dir": str(out)},
+                             federation_config="num-supernodes=2 client-resources-num-cpus=1 init-args-num-cpus=1")
+        log = _wait_summary(out, runner, 300)
+    assert (out / "summary.json").exists(), log[-3000:]
+    assert _metrics(out) == _metrics(tmp_path / "inproc")
+    assert len(_metrics(out)) == 3
+
+
+@needs_data
+def test_a_party_data_dir_holds_only_its_own_file_and_loads_the_same_table(tmp_path):
+    """``write_party_dirs`` gives each party a directory with only its CSV (the label party's with ``y``), and the
+    party's table read from it alone equals its table from the shared data, for breast cancer and for a small
+    vertical Fashion-MNIST with 3 parties (its bands written as CSV read back to the same float32)."""
+    from fl_app.data.vertical import load_party, write_party_dirs
+
+    dirs = write_party_dirs("vertical-breast", DATA, tmp_path / "b")
+    assert [sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()) for d in dirs] == \
+        [["vertical/breast_hetero_guest.csv"], ["vertical/breast_hetero_host.csv"]]
+    full, _ = load_vertical("vertical-breast", DATA, overlap=0.9, seed=0)
+    for k, d in enumerate(dirs):
+        own, classes = load_party("vertical-breast", d, k, overlap=0.9, seed=0)
+        assert classes == 2 and own.ids == full[k].ids and np.array_equal(own.x, full[k].x)
+        assert (own.y is None) == (k == 1) and (k == 1 or np.array_equal(own.y, full[k].y))
+    with pytest.raises(ConfigError, match="breast_hetero_guest.csv: no such file"):
+        load_party("vertical-breast", dirs[1], 0)  # a party's dir has nobody else's file
+    fm = write_party_dirs("vertical-fmnist", DATA, tmp_path / "f", parties=3, rows=40)
+    assert [len(list(d.rglob("*.csv"))) for d in fm] == [1, 1, 1]
+    full, _ = load_vertical("vertical-fmnist", DATA, overlap=0.9, parties=3, rows=40)
+    for k, d in enumerate(fm):
+        own, _ = load_party("vertical-fmnist", d, k, overlap=0.9, parties=3, rows=40)
+        assert own.ids == full[k].ids and own.x.dtype == np.float32 and np.array_equal(own.x, full[k].x)
+
+
+def test_deploy_takes_one_supernode_per_party_and_reads_no_unread_key():
+    """``sflower deploy strategy=vertical-sl``: num-clients and clock are not set for it (it reads neither), and
+    a node count other than one per party is one line."""
+    from simulation.deploy.options import parse_deploy_args
+    from simulation.deploy.vertical import check_vertical_deploy
+
+    opts = parse_deploy_args({"strategy": "vertical-sl", "dataset": "vertical-breast", "nodes": "2"})
+    assert not {"num-clients", "clock", "concurrency"} & set(opts.run_pairs)
+    check_vertical_deploy(opts.cfg, 2)
+    with pytest.raises(ConfigError, match="nodes=3: vertical-breast with label-party=node runs on 2 SuperNodes"):
+        check_vertical_deploy(opts.cfg, 3)
+    fm = parse_deploy_args({"strategy": "vertical-sl", "dataset": "vertical-fmnist", "vertical-parties": "3"}).cfg
+    check_vertical_deploy(fm, 3)
+
+
+@pytest.mark.e2e
+@needs_data
+def test_deployed_on_supernodes_with_their_own_files_writes_the_in_process_metrics(tmp_path):
+    """``sflower deploy strategy=vertical-sl dataset=vertical-breast nodes=2``: TLS, SuperNode authentication and
+    the session transport; each SuperNode's data-dir holds only its party's CSV; metrics.csv equals the
+    in-process run's in every column but wall time."""
+    import json
+
+    from simulation.deploy.options import parse_deploy_args
+    from simulation.deploy.processes import flower_binaries_missing
+    from simulation.deploy.run import deploy
+
+    if flower_binaries_missing():
+        pytest.skip("Flower's binaries are not installed")
+    keys = {"strategy": "vertical-sl", "dataset": "vertical-breast", "data-dir": str(DATA), "global-iterations": 10,
+            "eval-every": 5, "batch-size": 32, "lr": 0.1, "vertical-overlap": 0.9, "psi-backend": "dh"}
+    run_vertical(RunConfig.from_mapping({**keys, "output-dir": str(tmp_path / "inproc")}), VerticalSL)
+    s = deploy(parse_deploy_args({**{k: str(v) for k, v in keys.items()}, "nodes": "2", "fast": "true",
+                                  "timeout": "240", "run-dir": str(tmp_path / "run")}), quiet=True)
+    run = Path(s["deploy"]["run_dir"])
+    assert s["deploy"]["tls"] and s["deploy"]["auth"] and s["status"] == "completed"
+    assert s["wire_bytes_up"] > s["bytes_up"] > 0 and s["wire_bytes_down"] > 0  # the messages took the sessions
+    assert "<given>" == json.loads((run / "out" / "config.json").read_text())["config"]["session-certificate"]
+    assert [sorted(p.name for p in (run / "data" / f"party-{k}").rglob("*") if p.is_file()) for k in (0, 1)] == \
+        [["breast_hetero_guest.csv"], ["breast_hetero_host.csv"]]
+    assert _metrics(run / "out") == _metrics(tmp_path / "inproc") and len(_metrics(run / "out")) == 3

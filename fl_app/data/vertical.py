@@ -155,3 +155,87 @@ def load_vertical(name: str, data_dir: str | Path, *, overlap: float = 1.0, seed
     else:
         raise ConfigError(f"dataset={name!r} is not vertical: choose one of {', '.join([*VERTICAL_DATASETS, FMNIST])}")
     return [subsample(t, overlap, seed, k) for k, t in enumerate(tables)], classes
+
+
+def party_count(name: str, parties: int = 2) -> int:
+    """K, the parties of dataset ``name`` (the label party included): ``parties`` for :data:`FMNIST`, else its
+    files.
+
+    Raises:
+        ConfigError: an unknown name.
+    """
+    if name == FMNIST:
+        return parties
+    if name in VERTICAL_DATASETS:
+        return len(VERTICAL_DATASETS[name].files)
+    raise ConfigError(f"dataset={name!r} is not vertical: choose one of {', '.join([*VERTICAL_DATASETS, FMNIST])}")
+
+
+def party_file(name: str, party: int, parties: int = 2, rows: int = 10000) -> str:
+    """The file name of party ``party``'s CSV in ``DATA_DIR/vertical/``: FATE's for a CSV pair; for
+    :data:`FMNIST` the one :func:`write_party_dirs` writes (``vertical-fmnist-p{party}of{parties}-{rows}.csv``)."""
+    if name == FMNIST:
+        return f"{FMNIST}-p{party}of{parties}-{rows}.csv"
+    return VERTICAL_DATASETS[name].files[party][0]
+
+
+def load_party(name: str, data_dir: str | Path, party: int, *, overlap: float = 1.0, seed: int = 0,
+               parties: int = 2, rows: int = 10000) -> tuple[PartyTable, int]:
+    """Party ``party``'s table alone (after subsampling, as in :func:`load_vertical`) and the class count: it
+    reads only ``DATA_DIR/vertical/<its file>`` (:func:`party_file`). For :data:`FMNIST` without that file it
+    cuts its band out of ``DATA_DIR/fashion-mnist``. Equal to ``load_vertical(...)[0][party]``.
+
+    Raises:
+        ConfigError: an unknown name, a party outside ``0..K-1``, or any error of :func:`read_party_csv`.
+    """
+    k = party_count(name, parties)
+    if not 0 <= party < k:
+        raise ConfigError(f"party {party}: {name} has parties 0..{k - 1}")
+    path = Path(data_dir) / "vertical" / party_file(name, party, parties, rows)
+    if name == FMNIST:
+        if not 2 <= parties <= 4:
+            raise ConfigError(f"vertical-parties={parties}: vertical-fmnist splits its 28 pixel columns across 2 to "
+                              "4 parties")
+        width = 28 * len(np.array_split(np.arange(28), parties)[party])
+        table = (read_party_csv(path, label=party == 0, features=width) if path.is_file()
+                 else _fmnist(Path(data_dir), parties, rows)[party])
+        return subsample(table, overlap, seed, party), 10
+    table = read_party_csv(path, label=party == 0, features=VERTICAL_DATASETS[name].files[party][1])
+    return subsample(table, overlap, seed, party), VERTICAL_DATASETS[name].num_classes
+
+
+def write_party_dirs(name: str, data_dir: str | Path, out: str | Path, *, parties: int = 2,
+                     rows: int = 10000) -> list[Path]:
+    """One data directory per party, ``OUT/party-K``, holding only that party's CSV in ``vertical/``
+    (:func:`party_file`): for a deployment where each SuperNode has only its own file. A CSV pair's files are
+    copied; :data:`FMNIST`'s bands are written from ``DATA_DIR/fashion-mnist`` (``id``, ``y`` at the label
+    party, the band's pixels in [0, 1] with 9 significant digits, so that they read back to the same float32).
+
+    Returns the directories, party 0 (the label party) first.
+
+    Raises:
+        ConfigError: an unknown name, a missing or bad source file.
+    """
+    import shutil
+
+    out, dirs = Path(out), []
+    k = party_count(name, parties)
+    tables = _fmnist(Path(data_dir), parties, rows) if name == FMNIST else None
+    for party in range(k):
+        target = out / f"party-{party}" / "vertical" / party_file(name, party, parties, rows)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if tables is None:
+            source = Path(data_dir) / "vertical" / target.name
+            read_party_csv(source, label=party == 0, features=VERTICAL_DATASETS[name].files[party][1])  # checked
+            shutil.copyfile(source, target)
+        else:
+            t = tables[party]
+            with open(target, "w", newline="") as f:
+                w = csv.writer(f)
+                w.writerow([ID_COLUMN, *([LABEL_COLUMN] if t.y is not None else []),
+                            *(f"x{j}" for j in range(t.x.shape[1]))])
+                for i, row in enumerate(t.x):
+                    w.writerow([t.ids[i], *([int(t.y[i])] if t.y is not None else []), *(f"{v:.9g}" for v in row)])
+        dirs.append(target.parents[1])
+    return dirs
+

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import RunConfig, installed_declarations
-from fl_app.options import Option, core_option
+from fl_app.config import RunConfig, installed_declarations, preset_values
 from fl_app.errors import ConfigError
+from fl_app.options import Option, core_option
+from fl_app.plugins import strategy_class
 
 #: The deploy options (the other ``KEY=VALUE`` pairs are run-config keys): typed, bounded and parsed as
 #: run-config keys are (:class:`~fl_app.options.Option`).
@@ -51,7 +52,7 @@ class DeployOptions:
         opts: the deploy options (:data:`DEPLOY_DEFAULTS` keys).
         run_pairs: run-config overrides as given (strings), hyphenated keys.
         cfg: the resolved run configuration (``num-clients`` = nodes + intruders
-            unless given, ``clock=wall`` unless given).
+            unless given, ``clock=wall`` unless given; neither for a vertical strategy, which reads neither).
     """
 
     opts: dict[str, Any]
@@ -85,14 +86,17 @@ def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
         raise ConfigError("intruders need auth=true (without authentication every SuperNode is accepted)")
     if "output-dir" in run_pairs:
         raise ConfigError("deploy writes the outputs to RUN_DIR/out; set run-dir=DIR instead of output-dir")
-    run_pairs.setdefault("num-clients", nodes + intruders)
-    if "concurrency" not in run_pairs:
+    vertical = _is_vertical(run_pairs)
+    if not vertical:  # a vertical run's nodes are its parties, on its own virtual clock: it reads neither key
+        run_pairs.setdefault("num-clients", nodes + intruders)
+    if "concurrency" not in run_pairs and not vertical:
         try:
             clients = int(str(run_pairs["num-clients"]).strip() or 0)
         except ValueError:
             raise ConfigError(f"num-clients must be an integer, got {run_pairs['num-clients']!r}") from None
         run_pairs["concurrency"] = min(int(core_option("concurrency").default), clients)
-    run_pairs.setdefault("clock", "wall")
+    if not vertical:
+        run_pairs.setdefault("clock", "wall")
     if intruders:
         run_pairs.setdefault("min-clients", nodes)
         run_pairs.setdefault("join-timeout", 30.0)
@@ -104,6 +108,17 @@ def parse_deploy_args(pairs: Mapping[str, str]) -> DeployOptions:
     if not -1 <= opts["kill-node"] < nodes:
         raise ConfigError(f"kill-node must be a node's partition id 0..{nodes - 1} (or -1), got {opts['kill-node']}")
     return DeployOptions(opts, run_pairs, cfg)
+
+
+def _is_vertical(run_pairs: Mapping[str, Any]) -> bool:
+    """Whether the strategy of ``run_pairs`` (given, else its preset's, else the default) is a vertical one.
+
+    Raises:
+        ConfigError: an unknown strategy or preset.
+    """
+    name = run_pairs.get("strategy") or (preset_values(str(run_pairs["preset"])).get("strategy")
+                                         if run_pairs.get("preset") else None) or core_option("strategy").default
+    return bool(getattr(strategy_class(str(name)), "vertical", False))
 
 
 def fresh_run_dir(given: str, default: str) -> Path:

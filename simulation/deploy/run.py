@@ -17,9 +17,9 @@ from typing import Any
 from fl_app.config import RunConfig, installed_declarations
 from fl_app.plugins import options_of, strategy_class
 from simulation.deploy.cluster import Deployment
+from simulation.deploy.faults import Faults
 from simulation.deploy.keys import certificate_paths
 from simulation.deploy.options import DeployOptions, fresh_run_dir
-from simulation.deploy.faults import Faults
 from simulation.deploy.processes import DeployError, terminate_on_sigterm, wait_for
 from strategies.core.checkpoint import CHECKPOINT_FILE
 
@@ -80,8 +80,8 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
         DeployError: a process failed, the run failed, or ``timeout`` passed.
         KeyboardInterrupt: Ctrl-C or SIGTERM; every process is stopped first.
     """
-    from simulation.server_app import plan_run  # imported late: it loads torch
     from fl_app.task import write_partition_dirs
+    from simulation.server_app import plan_run  # imported late: it loads torch
 
     o, cfg = options.opts, options.cfg
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -89,14 +89,25 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
     out_dir = run_dir / "out"
     run_config = run_config_for(cfg, options.run_pairs, out_dir,
                                 certificate_paths(run_dir / "certs") if o["tls"] else None)
-    plan_run(RunConfig.from_mapping(run_config))  # one-line errors before anything starts
+    vertical = bool(getattr(strategy_class(cfg.strategy), "vertical", False))
+    if vertical:  # one SuperNode per party, each with its own file only (simulation.deploy.vertical)
+        from simulation.deploy.vertical import check_vertical_deploy
+
+        check_vertical_deploy(RunConfig.from_mapping(run_config), o["nodes"])
+    else:
+        plan_run(RunConfig.from_mapping(run_config))  # one-line errors before anything starts
     say = (lambda *a: None) if quiet else (lambda msg: print(f"[deploy] {msg}", flush=True))
     nodes, intruders = o["nodes"], o["intruders"]
     t_start = time.monotonic()
     with terminate_on_sigterm(), Deployment(run_dir, tls=o["tls"], auth=o["auth"], fast=o["fast"],
                                              isolation=o["isolation"]) as dep:
-        dirs = write_partition_dirs(cfg, run_dir / "data")
-        say(f"wrote {len(dirs)} partitions to {run_dir / 'data'}")
+        if vertical:
+            from simulation.deploy.vertical import write_vertical_dirs
+
+            dirs = write_vertical_dirs(cfg, run_dir / "data", nodes + intruders)
+        else:
+            dirs = write_partition_dirs(cfg, run_dir / "data")
+        say(f"wrote {len(dirs)} {'party data dirs' if vertical else 'partitions'} to {run_dir / 'data'}")
         dep.start_superlink()
         say(f"SuperLink on 127.0.0.1:{dep.port} (tls={dep.tls}, auth={dep.auth}); logs in {dep.logs}")
         specs = [dep.add_node(k, dirs[k], authorised=k < nodes) for k in range(nodes + intruders)]

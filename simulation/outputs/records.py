@@ -179,3 +179,15 @@ def plot_accuracy(rows: list[Mapping[str, Any]], path: Path, title: str = "") ->
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+#: Run-config keys that name files of the ServerApp's machine holding TLS material: ``config.json`` says
+#: only whether they were given.
+TLS_FILE_KEYS = ("session-certificate", "session-key", "session-ca")
+
+
+def recorded_config(cfg: Any) -> dict[str, Any]:
+    """The configuration ``config.json`` records: every key, but only ``"<given>"`` for :data:`TLS_FILE_KEYS`
+    (no key, certificate or path of the deployment's in the outputs)."""
+    values = cfg.as_dict()
+    return {**values, **{k: "<given>" for k in TLS_FILE_KEYS if values.get(k)}}

@@ -200,7 +200,7 @@ def summary(s: VerticalSL, it: int, wall: float) -> dict[str, Any]:
             "bytes_up": s.bytes_up, "bytes_down": s.bytes_down, "psi_backend": s.backend,
             "psi_bytes": s.psi_bytes, "psi_virtual_s": s.psi_virtual_s, "psi_cpu_s": s.psi_cpu_s,
             "intersection": s.shared, "test_rows": s.test, "label_party": s.cfg.label_party,
-            "label_noise_power": s.noise_power / max(1, it),
+            "label_noise_power": s.noise_power / max(1, it), "exchanges": s.exchanges,
             "status": "completed"}
 
 
