@@ -9,7 +9,7 @@
   initial weights (:func:`train_central`);
 * ``label-only``: the label party's bottom and a top model on its own columns alone (what vertical learning buys).
 
-It writes ``results.csv`` (one row per run) and ``table.md`` (mean ± 95 % interval over the seeds, and the paired
+It writes ``accuracy.csv`` (one row per run) and ``table.md`` (mean ± 95 % interval over the seeds, and the paired
 difference vertical − centralised with its verdict, :mod:`simulation.stats`).
 """
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                    "virtual_time_s": round(s["virtual_time_s"], 3)}
             rows.append(row)
             print(row, flush=True)
-    with open(out / "results.csv", "w", newline="") as f:
+    with open(out / "accuracy.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)

@@ -35,7 +35,8 @@ def test_the_worked_example_strategy_learns(tmp_path):
 
 def test_readme_gives_the_two_commands_and_ci_runs_every_tier():
     """The README's two commands (main job, tests) exist; its test command is the fast tier, followed by the
-    whole suite (``-m ""``); .ci/run runs the fast tier and then every test it leaves out."""
+    whole suite (``-m ""``); .ci/run runs the fast tier and then every test it leaves out: the slow ones on two
+    workers, the e2e ones in the test process."""
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## The two commands", 1)[1].split("\n## ", 1)[0]
     commands = re.findall(r"^pip install torch==2\.13\.0 && pip install -e \"\.\[dev\]\" && (.+)$", section, re.M)
@@ -46,7 +47,7 @@ def test_readme_gives_the_two_commands_and_ci_runs_every_tier():
     assert lines[lines.index(next(ln for ln in lines if ln.endswith(f"&& {fast}"))) + 1] == f'{fast} -m ""'
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     runs = [ln.replace(" --durations=25", "") for ln in ci if ln.startswith(fast)]
-    assert runs == [fast, f'{fast} -m "e2e or slow"'], ci
+    assert runs == [fast, f'{fast} -m "slow and not e2e" -n 2', f"{fast} -m e2e"], ci
     assert all(ln.endswith("--durations=25") for ln in ci if ln.startswith(fast)), ci
 
 

@@ -2,7 +2,7 @@
 U-shaped splitfed-v1 run on mnist-5k, LeNet-5, for two tails and two defences (one seed).
 
 Run from the repository root: ``python docs/results/label-scorers/measure.py`` (a few minutes on 2 cores);
-writes ``docs/results/label-scorers/results.csv``.
+writes ``docs/results/label-scorers/scorers.csv``.
 """
 
 import csv
@@ -18,7 +18,7 @@ from simulation.server_app import plan_run
 BASE = {"strategy": "splitfed-v1", "dataset": "mnist-5k", "model": "lenet5", "num-clients": 4, "concurrency": 4,
         "partition": "iid", "local-iterations": 5, "batch-size": 16, "global-iterations": 4, "eval-samples": 200,
         "lr": 0.05, "seed": 1}
-OUT = Path(__file__).resolve().parent / "results.csv"
+OUT = Path(__file__).resolve().parent / "scorers.csv"
 
 rows = []
 for cuts in ("2,11", "2,9"):
