@@ -23,6 +23,7 @@ from sklearn.metrics import roc_auc_score
 from fl_app.config import RunConfig
 from fl_app.data.vertical import load_vertical
 from fl_app.protocol.records import record_tensor
+from benchmarks.vertical_psi import write_table
 from simulation.engine import InProcessGrid
 from simulation.privacy.label_leakage import leakage_auc, norm_scores
 from simulation.vertical import run_vertical
@@ -64,8 +65,8 @@ def measure(cfg: RunConfig) -> dict[str, float]:
     shared = sorted(set(tables[0].ids) & set(tables[1].ids))
     y = tables[0].rows(shared)[1]
     kept = [(g, y[p]) for g, p in batches if len(np.unique(y[p])) == 2]
-    # norm scoring as the paper's, the positive (minority) class 1 scored by ‖g‖; leakage_auc's one-vs-rest macro
-    # mean of the norm AUC is 0.5 by construction on two classes (AUC(1) + AUC(0) = 1), so it is not used for it
+    # norm scoring as the paper's: the positive (minority) class 1 scored by ‖g‖ (leakage_auc's norm AUC is the
+    # best class's, max(AUC, 1 - AUC) on two classes: an attacker who picks the class after the fact)
     norm = [roc_auc_score(yb == 1, norm_scores(g)) for g, yb in kept]
     direction = [leakage_auc(g, yb).direction for g, yb in kept]
     return {"norm_auc": float(np.mean(norm)), "direction_auc": float(np.mean(direction)), "batches": len(kept),
@@ -105,23 +106,6 @@ def main(argv: list[str] | None = None) -> int:
                                      f"--iterations {args.iterations} --seed {args.seed} --out {args.out}\n")
     write_table(out, "leakage.csv")
     return 0
-
-
-def write_table(out: Path, csv_name: str) -> None:
-    """``out/table.md``: the CSV ``out/csv_name`` as a markdown table (what the docs page includes)."""
-    with open(out / csv_name, newline="") as f:
-        rows = list(csv.reader(f))
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += ["| " + " | ".join(_cell(v) for v in r) + " |" for r in rows[1:]]
-    (out / "table.md").write_text("\n".join(lines) + "\n")
-
-
-def _cell(value: str) -> str:
-    try:
-        x = float(value)
-    except ValueError:
-        return value
-    return value if x == int(x) and "." not in value else f"{x:.4g}"
 
 
 if __name__ == "__main__":
