@@ -453,7 +453,10 @@ def test_backward_matches_torch_sgd_exactly(augment, server_identity, monkeypatc
     if augment:
         task = dataclasses.replace(task, data=dataclasses.replace(task.data, augment=True))
         monkeypatch.setattr(client_node, "load_task", lambda _cfg: task)
-        monkeypatch.setattr(client_node, "_CONFIGS", [])  # the ClientApp keeps recent tasks: start without them
+        # the ClientApp keeps recent tasks (by contents, by record identity) and shares task records between its
+        # nodes: start without any of them, so that the nodes load the patched task
+        for cache, empty in (("_CONFIGS", []), ("_TASK_RECORDS", {}), ("_SHARED_TASKS", [])):
+            monkeypatch.setattr(client_node, cache, empty)
     B, cut, pid = 8, 2, 0
     grid = InProcessGrid(real.app, cfg.num_clients, seed=cfg.seed)
     nid = handshake(grid, cfg)[pid]
