@@ -22,6 +22,7 @@ from simulation.cli import main
 from tests.conftest import cli_args
 
 
+@pytest.mark.slow  # dcor's numba functions compile on first use (79 s)
 @pytest.mark.parametrize("shape", [((20, 5), (20, 3)), ((16, 1, 6, 6), (16, 4, 3, 3)), ((7, 2), (7, 2))])
 def test_distance_correlation_matches_dcor(shape):
     dcor = pytest.importorskip("dcor")

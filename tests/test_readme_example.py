@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from simulation.cli import main
 from strategies.algorithms.psl import PSL
 
@@ -21,6 +23,7 @@ def test_the_worked_example_is_the_shipped_class():
     assert block == inspect.getsource(PSL)
 
 
+@pytest.mark.slow  # a whole learning run of the worked example (77 s in CI's fast tier)
 def test_the_worked_example_strategy_learns(tmp_path):
     out = tmp_path / "psl"
     code = main(["run", "strategy=psl", "dataset=mnist-5k", "partition=iid", "num-clients=4",

@@ -108,6 +108,7 @@ def _flat(state):
     return torch.cat([v.reshape(-1).double() for v in state.values()])
 
 
+@pytest.mark.slow  # two whole runs compared (35 s)
 def test_one_group_at_the_real_cut_is_minibatch_sfl(server_identity, one_torch_thread):
     """With one group and the model's own cut as the only candidate, S²FL is MiniBatch-SFL: same
     models, same virtual times. Charged at cut 1 instead, the models stay equal and only time changes."""

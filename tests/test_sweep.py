@@ -45,6 +45,7 @@ def test_expand_applies_variants(tmp_path):
     assert runs[3]["strategy"] == "fedavg" and runs[3]["seed"] == 1 and "generate" not in runs[3]
 
 
+@pytest.mark.slow  # a sweep of whole runs, resumed (37 s)
 def test_sweep_resumes_and_reports(tmp_path, capsys):
     path = tmp_path / "s.toml"
     path.write_text(SWEEP)

@@ -268,6 +268,7 @@ LEARN = {"num-clients": 4, "concurrency": 4, "local-iterations": 5, "batch-size"
          "eval-samples": 500, "lr": 0.05}
 
 
+@pytest.mark.slow  # two whole learning runs (34 s)
 def test_ushaped_splitfed_v1_learns_like_the_prefix_split(tmp_path):
     """mnist-5k, LeNet-5, 4 IID clients, 20 rounds of 5 iterations of 16 images: U-shaped splitfed-v1 (cuts 2, 9)
     reaches accuracy >= 0.8 and within 0.1 of the prefix split at cut 2 on the same budget (measured, seed 1:
@@ -410,6 +411,7 @@ def test_label_noise_goes_with_iso(tmp_path, capsys, keys, message):
     assert message in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow  # a recorded run and sflower attack on it (55 s)
 def test_the_attack_reads_the_labels_off_what_the_server_recorded(tmp_path, capsys):
     """A U-shaped run with privacy-record: sflower attack's label inference on the server's record scores the
     same rows as the client-side measurement of the same run (every tail reply as sent: the same norm AUC;

@@ -123,6 +123,7 @@ def test_client_zo_step_by_hand(server_identity, one_torch_thread):
     assert slot_key(P.OWN_SLOT, "optimizer") in state.array_records
 
 
+@pytest.mark.slow  # a whole learning run under the preset (52 s)
 def test_mu_splitfed_learns_under_its_preset(tmp_path, one_torch_thread):
     """The documented setting (preset=mu-splitfed): ZO on both sides reaches 40 % on the embedded
     mnist-5k within 60 rounds (53.3 % there, 59.1 % at the preset's 100, in the README's measurement)."""
