@@ -69,7 +69,8 @@ def _run(args: argparse.Namespace) -> int:
     if resume is not None:
         from simulation.vertical_server import refuse_resume
 
-        refuse_resume({**pairs, "resume": resume}) if "strategy" in pairs or "preset" in pairs else None
+        if "strategy" in pairs or "preset" in pairs:  # a vertical strategy named: one line, it writes no checkpoint
+            refuse_resume({**pairs, "resume": resume})
         pairs = resume_pairs(resume, pairs)
     cfg = RunConfig.from_mapping(pairs)
     vertical = _run_vertical(cfg, engine, args.quiet) if resume is None else None
