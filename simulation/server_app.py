@@ -26,7 +26,7 @@ from fl_app.link import check_links
 from fl_app.numerics import establish, machine_record
 from fl_app.privacy import check_defences
 from fl_app.untrusted import run_dir_config
-from simulation.outputs.records import TLS_FILE_KEYS, RunRecorder, default_output_dir, recorded_config  # noqa: F401
+from simulation.outputs.records import RunRecorder, default_output_dir, recorded_config
 from simulation.outputs.saved_model import ModelSaver
 from fl_app.task import Task, check_batch_size, load_task, write_partition_plot
 from simulation.privacy.record import ReceivedActivations, attach, check_record
