@@ -67,9 +67,8 @@ def _run(args: argparse.Namespace) -> int:
     engine_options = pop_engine_options(engine, pairs)  # ray-address, ray-cpus, ray-gpus
     resume = pairs.pop("resume", None)
     if resume is not None:
-        from simulation.vertical_server import refuse_resume
-
         if "strategy" in pairs or "preset" in pairs:  # a vertical strategy named: one line, it writes no checkpoint
+            from simulation.vertical_server import refuse_resume
             refuse_resume({**pairs, "resume": resume})
         pairs = resume_pairs(resume, pairs)
     cfg = RunConfig.from_mapping(pairs)
