@@ -100,10 +100,7 @@ class ImageDataset:
         Raises:
             IndexError: an index is out of range.
         """
-        if isinstance(indices, torch.Tensor):
-            idx = indices.to(torch.long).reshape(-1)
-        else:
-            idx = torch.from_numpy(np.array(indices, dtype=np.int64).reshape(-1))
+        idx = index_tensor(indices)
         x = self.x_train[idx]
         y = self.y_train[idx]
         if self.augment and generator is not None and x.shape[0] > 0:
@@ -129,6 +126,13 @@ class ImageDataset:
         for start in range(0, n, batch_size):
             stop = min(start + batch_size, n)
             yield self._normalise(self.x_test[start:stop]), self.y_test[start:stop]
+
+
+def index_tensor(indices: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """``indices`` (any shape, a tensor or array-like of ints) as a flat int64 tensor ``[B]``, for row selection."""
+    if isinstance(indices, torch.Tensor):
+        return indices.to(torch.long).reshape(-1)
+    return torch.from_numpy(np.array(indices, dtype=np.int64).reshape(-1))
 
 
 def _crop_flip(x: torch.Tensor, generator: torch.Generator, pad: int) -> torch.Tensor:

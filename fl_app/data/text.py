@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fl_app.data.dataset import index_tensor
 from fl_app.errors import ConfigError
 
 __all__ = ["TEXT_DATASETS", "MAX_TOKENS", "TextDataset", "load_text_dataset"]
@@ -104,10 +105,7 @@ class TextDataset:
         Raises:
             IndexError: an index is out of range.
         """
-        if isinstance(indices, torch.Tensor):
-            idx = indices.to(torch.long).reshape(-1)
-        else:
-            idx = torch.from_numpy(np.array(indices, dtype=np.int64).reshape(-1))
+        idx = index_tensor(indices)
         return self._batch(self.x_train[idx]), self.y_train[idx]
 
     def test_batches(self, batch_size: int = 1000) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
