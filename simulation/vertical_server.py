@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import RunConfig, given_or_default
+from fl_app.run.config import RunConfig, given_or_default
 from fl_app.data.vertical import FMNIST, VERTICAL_DATASETS
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.outputs.records import RunRecorder, default_output_dir, recorded_config
 
 log = logging.getLogger("sflower")
@@ -51,7 +51,7 @@ def check_unread(cfg: RunConfig) -> None:
     Raises:
         ConfigError: one line naming the first such key (in declaration order), its value and why.
     """
-    from fl_app.options import CORE_OPTIONS
+    from fl_app.run.options import CORE_OPTIONS
 
     values = cfg.as_dict()
     for opt in CORE_OPTIONS:
@@ -87,7 +87,7 @@ def refuse_resume(pairs: dict[str, Any]) -> None:
     Raises:
         ConfigError: the vertical run's one line (:func:`check_unread`), or a bad key of ``pairs``.
     """
-    from fl_app.plugins import strategy_class
+    from fl_app.run.plugins import strategy_class
 
     cfg = RunConfig.from_mapping(pairs)
     if is_vertical(strategy_class(cfg.strategy)):
@@ -104,7 +104,7 @@ def vertical_main(grid: Any, context: Any, given: Iterable[str] | None) -> bool:
     Raises:
         SystemExit: 2 on a :class:`ConfigError`.
     """
-    from fl_app.plugins import strategy_class
+    from fl_app.run.plugins import strategy_class
 
     try:
         cls = strategy_class(str(given_or_default(context.run_config, "strategy")))

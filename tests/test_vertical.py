@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from fl_app import psi, vertical_party
-from fl_app import vertical as V
-from fl_app.config import RunConfig
+from fl_app.vertical import psi
+
+from fl_app.vertical import party as vertical_party
+from fl_app.vertical import models as V
+from fl_app.run.config import RunConfig
 from fl_app.data.vertical import PartyTable, load_vertical, read_party_csv
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation import cli
 from simulation.engine import InProcessGrid
 from simulation.vertical import run_vertical

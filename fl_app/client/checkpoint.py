@@ -19,7 +19,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from fl_app import protocol as P
 from fl_app.client.node import Node
 from fl_app.client.sealing import key_path, node_key, seal, unseal
-from fl_app.live import forget
+from fl_app.client.live import forget
 
 
 def _key_and_partition(context: Context) -> tuple[bytes, int]:
@@ -41,7 +41,7 @@ def query_checkpoint(msg: Message, context: Context) -> Message:
 
 def query_restore(msg: Message, context: Context) -> Message:
     """``query.restore``: replace the node's ``context.state`` with the state sealed in the request (opened with
-    the node's key, :func:`~fl_app.client.sealing.unseal`), and drop its live cache (:mod:`fl_app.live`), which
+    the node's key, :func:`~fl_app.client.sealing.unseal`), and drop its live cache (:mod:`fl_app.client.live`), which
     rebuilds its models from the restored state. Replies ``info`` ``{ok: True}``.
 
     Raises:

@@ -36,7 +36,7 @@ slots** (:data:`fl_app.protocol.OWN_SLOT` for its own client-side model,
 Where a node's ``context.state`` is the same object from one message to the
 next (the in-process engine), the node also keeps its live models and the
 autograd graphs of its forward passes, only as a cache of what the state
-holds (:mod:`fl_app.live`). Nothing changes numerically; under Ray and in
+holds (:mod:`fl_app.client.live`). Nothing changes numerically; under Ray and in
 deployment nothing is kept.
 """
 

@@ -9,7 +9,7 @@ index is its ``node_config`` ``vertical-party`` (0: the label party); it reads o
 ``op``             what the party does (state in ``context.state``)
 =================  ========================================================================
 ``info``           reply its index, rows, feature count, whether it holds labels
-``psi_request``    PSI receiver, step 1 (:class:`fl_app.psi.Receiver`; the key stays here)
+``psi_request``    PSI receiver, step 1 (:class:`fl_app.vertical.psi.Receiver`; the key stays here)
 ``psi_respond``    PSI sender, step 2, over its own IDs (feature party) or the intersection
                    (label party, round 2)
 ``psi_intersect``  PSI receiver, step 3: the label party narrows its shared set; a feature
@@ -25,7 +25,7 @@ index is its ``node_config`` ``vertical-party`` (0: the label party); it reads o
 =================  ========================================================================
 
 What a feature party ever receives: PSI messages (encrypted points), positions in the aligned order
-and gradients; never an ID outside the intersection (:mod:`fl_app.psi`).
+and gradients; never an ID outside the intersection (:mod:`fl_app.vertical.psi`).
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from fl_app import psi
-from fl_app import vertical as V
+from fl_app.vertical import psi
+from fl_app.vertical import models as V
 from fl_app.data.vertical import load_party, party_count
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from fl_app.protocol.codec import tensor_array
 from fl_app.protocol.records import (
     record_state,
@@ -234,11 +234,11 @@ def _train(party: Party, op: str, content: RecordDict) -> RecordDict:
 
 def _released(cfg: ConfigRecord, grads: list[torch.Tensor], y: torch.Tensor) -> tuple[list[torch.Tensor], float]:
     """The gradients as the label party releases them (``label-defence``: none, max-norm, iso, Marvell; Li et al.
-    2022, :mod:`fl_app.label_defence`), and the noise's mean squared norm per row, summed over the parties."""
+    2022, :mod:`fl_app.privacy.label_defence`), and the noise's mean squared norm per row, summed over the parties."""
     defence = str(cfg["defence"])
     if defence == "none":
         return grads, 0.0
-    from fl_app.label_defence import defence_generator, perturb
+    from fl_app.privacy.label_defence import defence_generator, perturb
 
     strength = float(cfg["noise"]) if defence == "iso" else float(cfg["power"])
     out = [perturb(g, defence, strength, defence_generator(int(cfg["seed"]), k, int(cfg["iteration"])), labels=y)
