@@ -39,7 +39,7 @@ from fl_app.run.plugins import installed_options, options_of, strategy_class, st
 #: The core keys, in declaration order.
 CORE_KEYS: tuple[str, ...] = tuple(opt.key for opt in CORE_OPTIONS)
 #: Where ``preset=NAME`` finds ``NAME.toml``: the ``presets/`` folder beside the app's packages.
-PRESET_DIR = Path(__file__).resolve().parents[1] / "presets"
+PRESET_DIR = Path(__file__).resolve().parents[2] / "presets"
 
 
 def installed_declarations(builtin_only: bool = False) -> dict[str, Option]:
