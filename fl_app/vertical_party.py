@@ -24,6 +24,11 @@ index is its ``node_config`` ``vertical-party`` (0: the label party); it reads o
 ``evaluate``       label party: test loss and accuracy from the others' test embeddings
 =================  ========================================================================
 
+A checkpoint (``checkpoint-every``) takes a party's whole ``context.state`` (its models, its aligned rows and
+the label party's split: the PSI's result) with ``query.checkpoint``, sealed on the node under its party
+index, and ``query.restore`` puts it back at a resume (:mod:`fl_app.client.checkpoint`, as for every strategy;
+:func:`checkpoint_identity` says who the node is).
+
 What a feature party ever receives: PSI messages (encrypted points), positions in the aligned order
 and gradients; never an ID outside the intersection (:mod:`fl_app.psi`).
 """
@@ -47,6 +52,7 @@ from flwr.clientapp import ClientApp
 
 from fl_app import psi
 from fl_app import vertical as V
+from fl_app.client.checkpoint import query_checkpoint, query_restore
 from fl_app.data.vertical import load_party, party_count
 from fl_app.errors import ConfigError
 from fl_app.protocol.codec import tensor_array
@@ -253,3 +259,16 @@ app = ClientApp()
 def query_vertical(msg: Message, context: Context) -> Message:
     """``query.vertical``: one operation of a vertical party (:func:`handle`)."""
     return Message(handle(msg.content, context.state, dict(context.node_config)), reply_to=msg)
+
+
+def checkpoint_identity(context: Context) -> tuple[str, int] | None:
+    """``(run directory, party index)`` of a vertical party, for its sealed checkpoint state
+    (:mod:`fl_app.client.checkpoint`: the key's place and the seal's partition); None for a node that is not one."""
+    if CFG not in context.state:
+        return None
+    cfg = context.state[CFG]
+    return str(cfg.get("run-dir", "")), party_index(dict(context.node_config), str(cfg["label-holder"]))
+
+
+app.query("checkpoint")(query_checkpoint)  # the party's whole state, sealed (fl_app.client.checkpoint)
+app.query("restore")(query_restore)

@@ -23,9 +23,17 @@ from fl_app.live import forget
 
 
 def _key_and_partition(context: Context) -> tuple[bytes, int]:
-    """The node's checkpoint key (made on first use, :func:`~fl_app.client.sealing.node_key`) and its partition id."""
-    node = Node(context)
-    return node_key(key_path(context, str(node.cfg.get("output-dir")), node.partition_id)), node.partition_id
+    """The node's checkpoint key (made on first use, :func:`~fl_app.client.sealing.node_key`) and its partition id
+    (a vertical party's: its party index, :func:`fl_app.vertical_party.checkpoint_identity`)."""
+    from fl_app.vertical_party import checkpoint_identity
+
+    vertical = checkpoint_identity(context)
+    if vertical is not None:
+        run_dir, pid = vertical
+    else:
+        node = Node(context)
+        run_dir, pid = str(node.cfg.get("output-dir")), node.partition_id
+    return node_key(key_path(context, run_dir, pid)), pid
 
 
 def query_checkpoint(msg: Message, context: Context) -> Message:
