@@ -251,9 +251,10 @@ class VerticalSL:
                 return cardinality(self, wall)
             align(self)
         it = self.iteration
+        evaluated = self.resume_from is not None  # a checkpoint of iteration `it` comes after its evaluation
         while True:
             every = self.cfg.eval_every  # 0: only before the first step and after the last
-            if it == 0 or (every and it % every == 0) or it == self.cfg.global_iterations:
+            if not evaluated and (it == 0 or (every and it % every == 0) or it == self.cfg.global_iterations):
                 m = self.step(it, "test")
                 self.rows.append({"global_iteration": it, "server_updates": it,
                                   "virtual_time_s": round(self.virtual_s, 6),
@@ -263,6 +264,7 @@ class VerticalSL:
                                   "exchanges": self.exchanges, "psi_bytes": self.psi_bytes,
                                   "intersection": self.shared})
                 self.on_row(self.rows[-1])
+            evaluated = False
             if it == self.cfg.global_iterations:
                 break
             self.maybe_checkpoint()
