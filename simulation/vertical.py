@@ -32,11 +32,12 @@ from simulation.vertical_server import (  # noqa: F401
 
 
 def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess",
-                 resume_from: Path | None = None) -> dict[str, Any]:
+                 resume_from: Path | None = None, tracking: Any = None) -> dict[str, Any]:
     """Run a vertical configuration on the in-process or the Ray engine; returns the summary (also in
     ``summary.json``). Under ``flwr run`` the ServerApp runs it instead
     (:func:`simulation.vertical_server.vertical_main`). ``resume_from``: a checkpoint file (``checkpoint.sfl`` of
-    ``cfg``'s run directory) to continue from.
+    ``cfg``'s run directory) to continue from; ``tracking``: the trackers' names and store
+    (:class:`~simulation.outputs.trackers.TrackingContext`; a sweep's, else the run's own).
 
     Raises:
         ConfigError: see :func:`check_vertical`; an engine other than ``inprocess`` or ``ray``.
@@ -46,7 +47,7 @@ def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess
         raise ConfigError(f"engine={engine}: vertical-sl runs on the in-process or the Ray engine")
     first = 1 if cfg.label_party == "server" else 0
     configs = [{PARTY: k} for k in range(first, parties_of(cfg))]
-    recorder = start_recorder(cfg, engine, resume=resume_from is not None)
+    recorder = start_recorder(cfg, engine, resume=resume_from is not None, tracking=tracking)
     if engine == "ray":
         summary = _run_ray(cfg, strategy_cls, recorder, len(configs), resume_from)
     else:

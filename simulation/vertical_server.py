@@ -119,10 +119,10 @@ def recorder_dir(cfg: RunConfig) -> Path:
     return Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
 
 
-def start_recorder(cfg: RunConfig, engine: str, resume: bool = False) -> RunRecorder:
+def start_recorder(cfg: RunConfig, engine: str, resume: bool = False, tracking: Any = None) -> RunRecorder:
     """The run's :class:`RunRecorder` (``config.json`` now; ``metrics.csv`` row by row) and its ``tracker``s
-    (:func:`~simulation.outputs.trackers.open_trackers`); ``resume``: the run continues from a checkpoint (both
-    keep what the run wrote before it).
+    (:func:`~simulation.outputs.trackers.open_trackers`, under ``tracking``'s names and store: a sweep's, else the
+    run's own); ``resume``: the run continues from a checkpoint (both keep what the run wrote before it).
 
     Raises:
         ConfigError: a bad ``tracker`` value, or a tracker whose package is missing.
@@ -132,7 +132,7 @@ def start_recorder(cfg: RunConfig, engine: str, resume: bool = False) -> RunReco
     recorder = RunRecorder(recorder_dir(cfg), recorded_config(cfg), {"parties": parties_of(cfg),
                                                                      "label_party": cfg.label_party, "engine": engine},
                            resume=resume)
-    recorder.listeners = open_trackers(cfg.tracker, recorder.out_dir, cfg.as_dict(), None, resume)
+    recorder.listeners = open_trackers(cfg.tracker, recorder.out_dir, cfg.as_dict(), tracking, resume)
     return recorder
 
 

@@ -302,22 +302,115 @@ def test_cardinality_mode_gives_the_size_and_trains_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("pair,message", [
-    ("checkpoint-every=5", "checkpoint-every=5: a vertical run writes no checkpoint"),
-    ("tracker=tensorboard", "tracker=tensorboard: a vertical run logs to metrics.csv only"),
     ("model=resnet18", "model=resnet18: strategy=vertical-sl does not read it"),
     ("momentum=0.5", "momentum=0.5: strategy=vertical-sl does not read it"),
     ("clock=wall", "clock=wall: a vertical run keeps its own virtual clock"),
     ("num-clients=30", "num-clients=30: a vertical run's nodes are its parties"),
-    ("resume=some-run-dir", "resume=some-run-dir: a vertical run writes no checkpoint, so it cannot resume"),
 ])
 def test_a_key_the_vertical_run_does_not_read_stops_it_in_one_line(tmp_path, capsys, pair, message):
-    """No input accepted silently: resume, checkpoint-every, tracker and every other core key a vertical run does
-    not read stop it with exit 2 and one line naming the key, before any output."""
+    """No input accepted silently: every core key a vertical run does not read stops it with exit 2 and one line
+    naming the key, before any output."""
     code = cli.main(["run", "--quiet", f"strategy={STRATEGY}", "dataset=vertical-breast", f"data-dir={DATA}",
                      f"output-dir={tmp_path / 'out'}", pair])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and message in err, err
     assert not (tmp_path / "out").exists()
+
+
+class _Killed(BaseException):
+    """Stands for a kill: not an Exception, so nothing in the run handles it."""
+
+
+@needs_data
+@pytest.mark.parametrize("holder", ["node", "server"])
+def test_a_killed_run_resumes_from_its_checkpoint_without_psi_to_the_uninterrupted_metrics(tmp_path, monkeypatch,
+                                                                                           holder):
+    """checkpoint-every=15 of 30 iterations, the run stopped right after the row of iteration 20, then
+    ``sflower run resume=RUN_DIR``: metrics.csv equals an uninterrupted run's in every column but wall time (virtual
+    time, bytes and exchanges included), the resumed run sends no PSI message (the aligned rows and the split come
+    back from the checkpoint), and the checkpoint holds the party nodes' states sealed only."""
+    from simulation.outputs.records import RunRecorder
+    from strategies.core import checkpoint as ckpt
+
+    keys = {"strategy": "vertical-sl", "global-iterations": 30, "eval-every": 10, "label-party": holder}
+    run_vertical(_cfg(tmp_path, "reference", **keys), VerticalSL)
+    append = RunRecorder.append
+
+    def append_then_stop(self, row):
+        append(self, row)
+        if row["global_iteration"] == 20:
+            raise _Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(RunRecorder, "append", append_then_stop)
+        with pytest.raises(_Killed):
+            run_vertical(_cfg(tmp_path, "killed", **keys, **{"checkpoint-every": 15}), VerticalSL)
+    run = tmp_path / "killed"
+    meta, state = ckpt.read(run / ckpt.CHECKPOINT_FILE)
+    assert meta["global_iteration"] == 15 and meta["rows"] == 2 and len(_metrics(run)) == 3
+    saved = ckpt.loads(state, {})
+    assert sorted(saved["clients"]) == ([0, 1] if holder == "node" else [1])  # the party nodes' states, sealed
+    assert all(set(c.keys()) == {"sealed"} for c in saved["clients"].values())
+    assert ("vertical.top" in saved["strategy"]["server_state"]) == (holder == "server")  # the server's label party
+    ops: list[str] = []
+    handle = vertical_party.handle
+    monkeypatch.setattr(vertical_party, "handle", lambda c, st, nc: (ops.append(str(c["vertical"]["op"])),
+                                                                     handle(c, st, nc))[1])
+    assert cli.main(["run", "-q", f"resume={run}", f"data-dir={DATA}"]) == 0
+    assert ops and not [op for op in ops if op.startswith("psi")] and "backward" in ops
+    assert _metrics(run) == _metrics(tmp_path / "reference")
+    assert [int(r["global_iteration"]) for r in _metrics(run)] == [0, 10, 20, 30]
+
+
+@needs_data
+def test_tensorboard_tracker_logs_the_vertical_metrics(tmp_path):
+    """tracker=tensorboard on a vertical run: the event file holds metrics.csv's accuracy series, the
+    vertical columns beside it."""
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_vertical(_cfg(tmp_path, "tb", **{"tracker": "tensorboard"}), VerticalSL)
+    rows = _metrics(tmp_path / "tb")
+    ea = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    ea.Reload()
+    acc = ea.Scalars("test_accuracy")
+    assert [e.step for e in acc] == [int(r["global_iteration"]) for r in rows] == [0, 40, 80]
+    assert [e.value for e in acc] == pytest.approx([float(r["test_accuracy"]) for r in rows], abs=1e-7)
+    assert {"psi_bytes", "intersection", "virtual_time_s"} <= set(ea.Tags()["scalars"])
+
+
+@needs_data
+def test_a_sweep_of_vertical_runs_collects_one_table(tmp_path, capsys):
+    """``sflower sweep`` over vertical-sl's ``vertical-join`` and two seeds: four completed runs in one table, each
+    run's metrics.csv that of the same keys run alone; a second sweep skips them all."""
+    from simulation.sweep import run_sweep
+
+    path = tmp_path / "v.toml"
+    path.write_text(f"""
+[meta]
+target-accuracy = 0.9
+[base]
+strategy = "vertical-sl"
+dataset = "vertical-breast"
+data-dir = "{DATA}"
+global-iterations = 20
+eval-every = 10
+vertical-overlap = 0.9
+psi-backend = "dh"
+[grid]
+vertical-join = ["concat", "sum"]
+seed = [0, 1]
+""")
+    table = run_sweep(path, tmp_path / "out", progress=False)
+    assert len(table) == 4 and set(table["status"]) == {"completed"} and set(table["strategy"]) == {"vertical-sl"}
+    alone = run_vertical(_cfg(tmp_path, "alone", **{"strategy": "vertical-sl", "global-iterations": 20,
+                                                     "eval-every": 10, "vertical-join": "sum", "seed": 1,
+                                                     "batch-size": 32, "lr": 0.01}), VerticalSL)
+    (one,) = [d for d in (tmp_path / "out").iterdir() if d.is_dir() and "sum" in d.name and "seed=1" in d.name]
+    assert _metrics(one) == _metrics(tmp_path / "alone") and alone["status"] == "completed"
+    capsys.readouterr()
+    run_sweep(path, tmp_path / "out", progress=False)
+    assert capsys.readouterr().out.count("skipped") == 4
 
 
 def _wait_summary(out: Path, runner, seconds: float) -> str:
