@@ -80,7 +80,8 @@ def check_vertical(cfg: RunConfig) -> None:
 
 def vertical_main(grid: Any, context: Any, given: Iterable[str] | None) -> bool:
     """Under ``flwr run``: run ``context.run_config`` on ``grid`` if its strategy is vertical, and return True;
-    False if it is not (the ServerApp's own run follows). ``given``: the keys the user gave, where a preset needs
+    False if it is not (the ServerApp's own run follows). With ``resume=RUN_DIR`` (and ``data-dir``) it continues
+    that run from its checkpoint, as ``sflower run resume=RUN_DIR`` does. ``given``: the keys the user gave, where a preset needs
     them (:func:`simulation.server_app.user_keys`).
 
     Bad input is one logged line and exit 2, as for the other strategies.
@@ -90,17 +91,23 @@ def vertical_main(grid: Any, context: Any, given: Iterable[str] | None) -> bool:
     """
     from fl_app.plugins import strategy_class
 
-    try:
-        cls = strategy_class(str(given_or_default(context.run_config, "strategy")))
+    from simulation.server_app import override_config, resume_pairs
+    from strategies.core.checkpoint import CHECKPOINT_FILE
+
+    resume = str(given_or_default(context.run_config, "resume") or "")
+    try:  # resume=RUN_DIR: the checkpoint's configuration, with the keys given that a resume may change
+        pairs = resume_pairs(resume, override_config(grid)) if resume else None
+        cls = strategy_class(str(pairs["strategy"] if pairs else given_or_default(context.run_config, "strategy")))
     except ConfigError:
         return False  # the ServerApp's main says why
     if not is_vertical(cls):
         return False
     try:
-        cfg = RunConfig.from_mapping(context.run_config, given=given)
+        cfg = RunConfig.from_mapping(pairs) if pairs else RunConfig.from_mapping(context.run_config, given=given)
         check_vertical(cfg)
-        recorder = start_recorder(cfg, "flwr-run")
-        summary = recorder.finish({**serve_grid(cfg, cls, recorder, grid), "output_dir": str(recorder_dir(cfg))})
+        recorder = start_recorder(cfg, "flwr-run", resume=bool(resume))
+        ran = serve_grid(cfg, cls, recorder, grid, Path(resume) / CHECKPOINT_FILE if resume else None)
+        summary = recorder.finish({**ran, "output_dir": str(recorder_dir(cfg))})
     except ConfigError as err:
         log.error("sflower: %s", err)
         raise SystemExit(2) from None

@@ -321,16 +321,10 @@ class _Killed(BaseException):
     """Stands for a kill: not an Exception, so nothing in the run handles it."""
 
 
-@needs_data
-@pytest.mark.parametrize("holder", ["node", "server"])
-def test_a_killed_run_resumes_from_its_checkpoint_without_psi_to_the_uninterrupted_metrics(tmp_path, monkeypatch,
-                                                                                           holder):
-    """checkpoint-every=15 of 30 iterations, the run stopped right after the row of iteration 20, then
-    ``sflower run resume=RUN_DIR``: metrics.csv equals an uninterrupted run's in every column but wall time (virtual
-    time, bytes and exchanges included), the resumed run sends no PSI message (the aligned rows and the split come
-    back from the checkpoint), and the checkpoint holds the party nodes' states sealed only."""
+def _killed_run(tmp_path: Path, monkeypatch, holder: str = "node") -> Path:
+    """An uninterrupted run in ``tmp_path/reference`` and, in ``tmp_path/killed``, the same with checkpoint-every=15
+    of 30 iterations stopped right after its row of iteration 20; returns the killed run's directory."""
     from simulation.outputs.records import RunRecorder
-    from strategies.core import checkpoint as ckpt
 
     keys = {"strategy": "vertical-sl", "global-iterations": 30, "eval-every": 10, "label-party": holder}
     run_vertical(_cfg(tmp_path, "reference", **keys), VerticalSL)
@@ -345,7 +339,20 @@ def test_a_killed_run_resumes_from_its_checkpoint_without_psi_to_the_uninterrupt
         m.setattr(RunRecorder, "append", append_then_stop)
         with pytest.raises(_Killed):
             run_vertical(_cfg(tmp_path, "killed", **keys, **{"checkpoint-every": 15}), VerticalSL)
-    run = tmp_path / "killed"
+    return tmp_path / "killed"
+
+
+@needs_data
+@pytest.mark.parametrize("holder", ["node", "server"])
+def test_a_killed_run_resumes_from_its_checkpoint_without_psi_to_the_uninterrupted_metrics(tmp_path, monkeypatch,
+                                                                                           holder):
+    """checkpoint-every=15 of 30 iterations, the run stopped right after the row of iteration 20, then
+    ``sflower run resume=RUN_DIR``: metrics.csv equals an uninterrupted run's in every column but wall time (virtual
+    time, bytes and exchanges included), the resumed run sends no PSI message (the aligned rows and the split come
+    back from the checkpoint), and the checkpoint holds the party nodes' states sealed only."""
+    from strategies.core import checkpoint as ckpt
+
+    run = _killed_run(tmp_path, monkeypatch, holder)
     meta, state = ckpt.read(run / ckpt.CHECKPOINT_FILE)
     assert meta["global_iteration"] == 15 and meta["rows"] == 2 and len(_metrics(run)) == 3
     saved = ckpt.loads(state, {})
@@ -360,6 +367,25 @@ def test_a_killed_run_resumes_from_its_checkpoint_without_psi_to_the_uninterrupt
     assert ops and not [op for op in ops if op.startswith("psi")] and "backward" in ops
     assert _metrics(run) == _metrics(tmp_path / "reference")
     assert [int(r["global_iteration"]) for r in _metrics(run)] == [0, 10, 20, 30]
+
+
+@needs_data
+def test_the_serverapp_resumes_a_killed_vertical_run(tmp_path, monkeypatch):
+    """Under ``flwr run`` (the ServerApp's :func:`~simulation.vertical_server.vertical_main`, here on an in-process
+    grid of the two parties): ``--run-config "resume='RUN_DIR' data-dir='...'"`` continues the killed run from its
+    checkpoint to the uninterrupted run's metrics."""
+    from types import SimpleNamespace
+
+    from simulation.engine import _task_identity
+    from simulation.vertical_server import vertical_main
+
+    run = _killed_run(tmp_path, monkeypatch)
+    grid = InProcessGrid(vertical_party.app, 2, 0, [{vertical_party.PARTY: k} for k in (0, 1)])
+    given = {"resume": str(run), "data-dir": str(DATA)}
+    grid.run.override_config = given
+    with _task_identity(grid.run.run_id):
+        assert vertical_main(grid, SimpleNamespace(run_config=given), None)
+    assert _metrics(run) == _metrics(tmp_path / "reference")
 
 
 @needs_data
