@@ -543,3 +543,34 @@ def test_deployed_on_supernodes_with_their_own_files_writes_the_in_process_metri
     assert [sorted(p.name for p in (run / "data" / f"party-{k}").rglob("*") if p.is_file()) for k in (0, 1)] == \
         [["breast_hetero_guest.csv"], ["breast_hetero_host.csv"]]
     assert _metrics(run / "out") == _metrics(tmp_path / "inproc") and len(_metrics(run / "out")) == 3
+
+
+@pytest.mark.e2e
+@needs_data
+def test_deployed_with_the_server_as_label_party_writes_the_in_process_metrics(tmp_path):
+    """``sflower deploy strategy=vertical-sl label-party=server nodes=1``: the ServerApp holds the labels and the top
+    model (Flower's own vertical-FL example's shape) and reads the label party's CSV alone (its data-dir is
+    ``RUN_DIR/data/party-0``); the one SuperNode, the feature party, has only its own file; TLS, authentication and
+    the session transport; metrics.csv equals the in-process run's (same keys) in every column but wall time."""
+    import json
+
+    from simulation.deploy.options import parse_deploy_args
+    from simulation.deploy.processes import flower_binaries_missing
+    from simulation.deploy.run import deploy
+
+    if flower_binaries_missing():
+        pytest.skip("Flower's binaries are not installed")
+    keys = {"strategy": "vertical-sl", "dataset": "vertical-breast", "data-dir": str(DATA), "global-iterations": 10,
+            "eval-every": 5, "batch-size": 32, "lr": 0.1, "vertical-overlap": 0.9, "psi-backend": "dh",
+            "label-party": "server"}
+    run_vertical(RunConfig.from_mapping({**keys, "output-dir": str(tmp_path / "inproc")}), VerticalSL)
+    s = deploy(parse_deploy_args({**{k: str(v) for k, v in keys.items()}, "nodes": "1", "fast": "true",
+                                  "timeout": "240", "run-dir": str(tmp_path / "run")}), quiet=True)
+    run = Path(s["deploy"]["run_dir"])
+    assert s["deploy"]["tls"] and s["deploy"]["auth"] and s["status"] == "completed" and s["label_party"] == "server"
+    assert s["wire_bytes_up"] > s["bytes_up"] > 0  # the feature party's messages took its session
+    config = json.loads((run / "out" / "config.json").read_text())["config"]
+    assert Path(config["data-dir"]) == (run / "data" / "party-0").resolve()  # the ServerApp's own file only
+    assert [sorted(p.name for p in (run / "data" / f"party-{k}").rglob("*") if p.is_file()) for k in (0, 1)] == \
+        [["breast_hetero_guest.csv"], ["breast_hetero_host.csv"]]
+    assert _metrics(run / "out") == _metrics(tmp_path / "inproc") and len(_metrics(run / "out")) == 3
