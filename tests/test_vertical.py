@@ -388,6 +388,25 @@ def test_the_serverapp_resumes_a_killed_vertical_run(tmp_path, monkeypatch):
     assert _metrics(run) == _metrics(tmp_path / "reference")
 
 
+@pytest.mark.e2e
+@needs_data
+def test_a_checkpoint_written_on_ray_resumes_in_process(tmp_path):
+    """Checkpoints on Flower's Ray engine: a Ray run with checkpoint-every=15 of 30 writes the uninterrupted run's
+    metrics, and resuming its checkpoint of iteration 15 in-process (each party's sealed state opened with the key
+    its Ray node left in the run directory) rewrites rows 20 and 30 to the same metrics."""
+    from strategies.core import checkpoint as ckpt
+
+    keys = {"strategy": "vertical-sl", "global-iterations": 30, "eval-every": 10}
+    run_vertical(_cfg(tmp_path, "reference", **keys), VerticalSL)
+    run_vertical(_cfg(tmp_path, "ray", **keys, **{"checkpoint-every": 15}), VerticalSL, engine="ray")
+    run = tmp_path / "ray"
+    assert _metrics(run) == _metrics(tmp_path / "reference")
+    assert ckpt.read_meta(run / ckpt.CHECKPOINT_FILE)["global_iteration"] == 15
+    assert sorted(p.parent.name for p in (run / "nodes").rglob("checkpoint.key")) == ["node-0", "node-1"]
+    assert cli.main(["run", "-q", f"resume={run}", f"data-dir={DATA}"]) == 0
+    assert _metrics(run) == _metrics(tmp_path / "reference")
+
+
 @needs_data
 def test_tensorboard_tracker_logs_the_vertical_metrics(tmp_path):
     """tracker=tensorboard on a vertical run: the event file holds metrics.csv's accuracy series, the
