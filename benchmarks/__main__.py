@@ -17,8 +17,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from fl_app.config import parse_key_values
-from fl_app.errors import ConfigError
+from fl_app.run.config import parse_key_values
+from fl_app.run.errors import ConfigError
 
 
 def bench(argv: Sequence[str]) -> int:

@@ -30,7 +30,7 @@ import torch
 
 def measure(out_dir: Path) -> dict:
     """Run the benchmark's GAS job in ``out_dir``; the checkpoint writes' seconds and the file's size."""
-    from fl_app.config import RunConfig
+    from fl_app.run.config import RunConfig
     from simulation.engine import run_inprocess
     from simulation.server_app import plan_run
     from strategies.core import checkpoint as ckpt

@@ -34,7 +34,7 @@ SMALL_ENGINE_RUN: dict[str, Any] = dict(strategy="gas", dataset="mnist-5k", num_
 PLAN_PRELUDE = r"""
 import pathlib
 import simulation
-from fl_app.config import RunConfig
+from fl_app.run.config import RunConfig
 if (pathlib.Path(simulation.__file__).parent / "server_app.py").exists():
     from simulation.server_app import plan_run
 else:  # a revision before issue 22
@@ -50,7 +50,7 @@ def make_plan(**overrides: Any):
     Raises:
         ConfigError: as :func:`simulation.server_app.plan_run`.
     """
-    from fl_app.config import RunConfig
+    from fl_app.run.config import RunConfig
     from simulation.server_app import plan_run
 
     return plan_run(RunConfig.from_mapping(overrides))
@@ -75,7 +75,7 @@ def source_tree(rev: str, dest: Path) -> Path:
     Raises:
         ConfigError: not a git checkout, or ``rev`` is unknown.
     """
-    from fl_app.errors import ConfigError
+    from fl_app.run.errors import ConfigError
 
     repo = REPO_ROOT
     proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],

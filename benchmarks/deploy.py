@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.deploy.cluster import Deployment
 from simulation.deploy.options import coerce_opt, fresh_run_dir, parse_deploy_args
 from simulation.deploy.processes import DeployError, wait_for
@@ -86,7 +86,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fl_app.config import RunConfig
+from fl_app.run.config import RunConfig
 from fl_app.session.client import serve_session
 from simulation.session import open_session_grid
 

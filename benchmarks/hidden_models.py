@@ -38,7 +38,7 @@ SETUP = {"dataset": "mnist-5k", "model": "lenet5", "strategy": "splitfed-v1", "c
 def measure(seed: int, hide: bool, out_dir: Path, extra: dict | None = None) -> dict:
     """One run of :data:`SETUP` at ``seed``; its rows, wall seconds per iteration and crypto seconds."""
     from fl_app.client import hidden as client_hidden
-    from fl_app.config import RunConfig
+    from fl_app.run.config import RunConfig
     from simulation.engine import run_inprocess
     from simulation.server_app import plan_run
 

@@ -7,7 +7,7 @@ CPU for the same model, cut and batch:
 
 * first-order: forward of blocks ``[0, cut)`` with autograd, backward of an
   activation gradient, clipped SGD step (momentum 0.9), as ``train.backward``;
-* ZO: ``h`` and ``P`` pairs ``h(w ± μu_p)`` (:func:`fl_app.zo.perturbed_outputs`,
+* ZO: ``h`` and ``P`` pairs ``h(w ± μu_p)`` (:func:`fl_app.learning.zo.perturbed_outputs`,
   as ``train.zo_forward``), then the SPSA estimate from the seeds and the same
   step (as ``train.zo_update``).
 
@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from fl_app.config import RunConfig
-from fl_app.task import load_task
-from fl_app.training import clip_and_step, make_sgd
-from fl_app.zo import direction, num_parameters, perturbed_outputs, shapes_of, spsa_gradient
+from fl_app.run.config import RunConfig
+from fl_app.learning.task import load_task
+from fl_app.learning.training import clip_and_step, make_sgd
+from fl_app.learning.zo import direction, num_parameters, perturbed_outputs, shapes_of, spsa_gradient
 
 #: (model, cut) pairs measured by default.
 CASES = (("alexnet", 2), ("lenet5", 3))

@@ -13,7 +13,7 @@ one process:
 * ``inprocess``: the real strategy and ClientApp on the in-process engine
   (:func:`simulation.engine.run_inprocess`): every hop is a message relayed
   through the ServerApp, all state in ``context.state``; the nodes keep
-  live models and forward graphs as a cache of it (:mod:`fl_app.live`).
+  live models and forward graphs as a cache of it (:mod:`fl_app.client.live`).
 * ``inprocess-rebuild``: the same with that cache off: every message
   rebuilds its model from the stored weights and every backward recomputes
   its forward pass, as under Ray. It must end bit for bit where
@@ -82,7 +82,7 @@ def ring_oracle(task: Any, ring: Sequence[int], paths: Sequence[Sequence[tuple[i
         the blended models (state dicts by ring position), their plain
         average (eq. 6) and the losses of every batch.
     """
-    from fl_app.training import load_batch, sample_batch
+    from fl_app.learning.training import load_batch, sample_batch
 
     n = len(ring)
     names = task.build_model().names
@@ -196,11 +196,11 @@ def time_engine(engine: str, cfg: dict[str, Any], live: bool = True) -> tuple[fl
     """Run ``cfg`` on ``engine`` (``inprocess`` or ``ray``); the seconds of its one round and the strategy.
 
     ``live=False`` turns off the in-process nodes' live models and graphs
-    (:mod:`fl_app.live`): every message rebuilds its model and every backward
+    (:mod:`fl_app.client.live`): every message rebuilds its model and every backward
     recomputes its forward pass, as under Ray.
     """
-    from fl_app import live as live_objects
-    from fl_app.config import RunConfig
+    from fl_app.client import live as live_objects
+    from fl_app.run.config import RunConfig
     from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
     from simulation.ray_engine import run_ray
@@ -221,8 +221,8 @@ def time_oracle(cfg: dict[str, Any], order: Sequence[Sequence[Sequence[int]]] | 
                 ) -> tuple[float, tuple[Any, ...]]:
     """Run :func:`ring_oracle` on the setting of ``cfg`` (summing in ``order``) with one torch thread;
     its seconds and results."""
-    from fl_app.config import RunConfig
-    from fl_app.task import load_task
+    from fl_app.run.config import RunConfig
+    from fl_app.learning.task import load_task
     from strategies.algorithms.ringsfl.schedule import overlap_counts, parse_lengths, ring_path
 
     rc = RunConfig.from_mapping(cfg)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from fl_app.data import load_dataset
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from fl_app.models import build_model, fixed_rng, split_model
 
 

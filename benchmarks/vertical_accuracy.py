@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from fl_app import vertical as V
-from fl_app.config import RunConfig
+from fl_app.vertical import models as V
+from fl_app.run.config import RunConfig
 from fl_app.data.vertical import load_vertical
 from simulation.stats import mean_ci, paired
 from simulation.vertical import run_vertical

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from fl_app.config import RunConfig
+from fl_app.run.config import RunConfig
 from fl_app.data.vertical import load_vertical
 from fl_app.protocol.records import record_tensor
 from benchmarks.vertical_psi import write_table

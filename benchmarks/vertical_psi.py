@@ -1,7 +1,7 @@
 """PSI's time and bytes at n against n IDs (issue 45), written to a CSV (``docs/results/vertical-psi/``).
 
 ``python -m benchmarks.vertical_psi --sizes 10000,100000 --overlap 0.8 --out docs/results/vertical-psi``
-runs :func:`fl_app.psi.run_psi` once per backend that imports and per size, with two parties of ``n``
+runs :func:`fl_app.vertical.psi.run_psi` once per backend that imports and per size, with two parties of ``n``
 IDs each sharing ``overlap·n`` of them, checks the result against the true intersection, and writes
 ``psi.csv`` (backend, n, overlap, intersection, CPU seconds of each party, bytes of each message) and
 ``machine.txt``. CPU seconds are ``time.process_time`` of the party's own steps (one thread).
@@ -15,7 +15,7 @@ import platform
 import sys
 from pathlib import Path
 
-from fl_app.psi import BACKENDS, openmined_available, run_psi
+from fl_app.vertical.psi import BACKENDS, openmined_available, run_psi
 
 
 def party_ids(n: int, overlap: float, seed: int = 0) -> tuple[list[str], list[str], set[str]]:

@@ -17,7 +17,7 @@ concern:
 :mod:`fl_app.client.audit`             ``privacy-record``: what each reply carried of the labels
 :mod:`fl_app.client.hidden_handlers`   ``query.hidden``: key agreement, federated evaluation (``hide-client-models``)
 :mod:`fl_app.session.client`           ``query.session``: a session's requests, through this app
-:mod:`fl_app.vertical_party`           ``query.vertical``: a vertical party (vertical split learning)
+:mod:`fl_app.vertical.party`           ``query.vertical``: a vertical party (vertical split learning)
 =====================================  ==========================================================
 """
 
@@ -34,9 +34,9 @@ from fl_app.client.hidden_handlers import query_hidden
 from fl_app.client.node import query_info
 from fl_app.client.split_handlers import train_backward, train_forward, train_step
 from fl_app.client.zo_handlers import train_zo_forward, train_zo_update
-from fl_app.link import client_mod
+from fl_app.cut.link import client_mod
 from fl_app.session.client import serve_session
-from fl_app.vertical_party import query_vertical
+from fl_app.vertical.party import query_vertical
 
 
 def one_torch_thread(msg: Message, context: Context, call_next) -> Message:
@@ -55,7 +55,7 @@ def one_torch_thread(msg: Message, context: Context, call_next) -> Message:
         torch.set_num_threads(old)
 
 
-# label_audit (outermost: the replies as they leave; fl_app.client.audit), client_mod: the cut's codecs (fl_app.link)
+# label_audit (outermost: the replies as they leave; fl_app.client.audit), client_mod: the cut's codecs (fl_app.cut.link)
 app = ClientApp(mods=[label_audit, one_torch_thread, client_mod])
 app.query("info")(query_info)
 app.train("forward")(train_forward)
@@ -68,7 +68,7 @@ app.evaluate()(evaluate)
 app.query("checkpoint")(query_checkpoint)
 app.query("restore")(query_restore)
 app.query("hidden")(query_hidden)
-app.query("vertical")(query_vertical)  # a vertical party's operations (fl_app.vertical_party)
+app.query("vertical")(query_vertical)  # a vertical party's operations (fl_app.vertical.party)
 
 
 @app.query("session")

@@ -1,7 +1,7 @@
 """The ``sflower`` command line.
 
 ``sflower run KEY=VALUE ...`` takes the run-config keys of
-``pyproject.toml`` (see :mod:`fl_app.options`), an installed plugin's keys, plus
+``pyproject.toml`` (see :mod:`fl_app.run.options`), an installed plugin's keys, plus
 ``engine=inprocess|ray``; ``sflower run resume=RUN_DIR`` continues a killed
 run from its last checkpoint (``checkpoint-every=N``). ``sflower partition ... out=DIR`` writes each
 partition's training files to its own directory (device-local data for a
@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from collections.abc import Sequence
 
-from fl_app.config import CORE_KEYS, RunConfig, given_or_default, parse_key_values
-from fl_app.errors import ConfigError
-from fl_app.options import core_option
-from fl_app.plugins import options_of
+from fl_app.run.config import CORE_KEYS, RunConfig, given_or_default, parse_key_values
+from fl_app.run.errors import ConfigError
+from fl_app.run.options import core_option
+from fl_app.run.plugins import options_of
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -104,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
 def _run_vertical(cfg: RunConfig, engine: str, quiet: bool, resume_from: Path | None) -> int | None:
     """Run ``cfg`` (from the checkpoint ``resume_from``, if given) if its strategy is vertical
     (:mod:`simulation.vertical`): its exit status; None: it is not."""
-    from fl_app.plugins import strategy_class
+    from fl_app.run.plugins import strategy_class
     from simulation.vertical import check_vertical, is_vertical, run_vertical
     from strategies.core.errors import RunFailedError
 
@@ -135,15 +135,15 @@ def cmd_partition(args: argparse.Namespace) -> int:
     """``sflower partition dataset=... num-clients=N partition=... out=DIR``: each partition to ``DIR/partition-K``.
 
     Takes the run-config keys that define the partitions
-    (:data:`fl_app.task.PARTITION_KEYS`: ``dataset``, ``data-dir``,
+    (:data:`fl_app.learning.task.PARTITION_KEYS`: ``dataset``, ``data-dir``,
     ``num-clients``, ``partition``, ``alpha``, ``shards``, ``seed``,
     ``min-partition-size``, ``num-classes-per-partition``,
     ``class-assignment-mode``, ``partition-sizes``; defaults as in ``sflower
     run``) and ``out``. The partitions equal the simulation's for the same
     keys; ``DIR/partition.png`` shows them; see
-    :func:`fl_app.task.write_partition_dirs`.
+    :func:`fl_app.learning.task.write_partition_dirs`.
     """
-    from fl_app.task import PARTITION_KEYS, write_partition_dirs
+    from fl_app.learning.task import PARTITION_KEYS, write_partition_dirs
 
     pairs = {k.replace("_", "-"): v for k, v in parse_key_values(args.pairs).items()}
     out = pairs.pop("out", "")
@@ -160,7 +160,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 #: The options of ``sflower evaluate`` besides the run directory: core keys, parsed and checked by their
-#: :class:`~fl_app.options.Option` (``dataset`` and ``data-dir`` absent: the run's own).
+#: :class:`~fl_app.run.options.Option` (``dataset`` and ``data-dir`` absent: the run's own).
 EVALUATE_KEYS = ("dataset", "data-dir", "device")
 
 
@@ -259,7 +259,7 @@ def cmd_strategies(args: argparse.Namespace) -> int:
 
 def cmd_presets(args: argparse.Namespace) -> int:
     """``sflower presets``: each preset file and the keys it sets."""
-    from fl_app.config import PRESET_DIR, preset_names, preset_values
+    from fl_app.run.config import PRESET_DIR, preset_names, preset_values
 
     for name in preset_names():
         keys = " ".join(f"{k}={v}" for k, v in preset_values(name).items())
@@ -436,8 +436,8 @@ def _numerics_of(args: argparse.Namespace) -> str:
     Raises:
         ConfigError: a sweep whose runs mix modes (a process has one).
     """
-    from fl_app.options import CORE_OPTIONS
-    from fl_app.untrusted import read_json_table
+    from fl_app.run.options import CORE_OPTIONS
+    from fl_app.run.untrusted import read_json_table
 
     if args.command == "run":
         pairs = parse_key_values(args.pairs)
@@ -468,12 +468,12 @@ def _restart_for_numerics(args: argparse.Namespace, argv: Sequence[str] | None) 
     """Restart this command with the environment its ``numerics`` mode needs, if it lacks it.
 
     ``numerics=portable`` pins variables that ATen and MKL read before the
-    first tensor operation (:func:`fl_app.numerics.launch_env`), so the
+    first tensor operation (:func:`fl_app.run.numerics.launch_env`), so the
     process is replaced by a fresh one with them set; it does not return then.
     Only the console script restarts (``argv`` None): a caller of :func:`main`
-    in its own process gets :func:`~fl_app.numerics.establish`'s one-line error instead.
+    in its own process gets :func:`~fl_app.run.numerics.establish`'s one-line error instead.
     """
-    from fl_app.numerics import restart
+    from fl_app.run.numerics import restart
 
     if argv is None:
         restart(_numerics_of(args), "simulation.cli", sys.argv[1:])

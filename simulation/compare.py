@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.outputs.report import markdown_table
 from simulation.stats import mean_ci, unpaired
 

@@ -3,8 +3,8 @@
 ``engine``, ``ray-address``, ``ray-cpus`` and ``ray-gpus`` choose how a job
 executes, not what it computes, so they are not run-config keys (a run's
 numbers are the same on both engines). They are declared as run-config keys
-are, as :class:`~fl_app.options.Option`s, and parsed by the same parser
-(:meth:`~fl_app.options.Option.coerce`, :meth:`~fl_app.options.Option.validate`).
+are, as :class:`~fl_app.run.options.Option`s, and parsed by the same parser
+(:meth:`~fl_app.run.options.Option.coerce`, :meth:`~fl_app.run.options.Option.validate`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fl_app.errors import ConfigError
-from fl_app.options import Option
+from fl_app.run.errors import ConfigError
+from fl_app.run.options import Option
 from simulation.engine import ENGINES
 
 #: ``sflower run`` keys of the Ray engine (``engine=ray`` only), see :func:`pop_engine_options`.

@@ -1,7 +1,7 @@
 """Cross-machine fingerprints: short portable-numerics runs whose metric rows are committed.
 
 One short run per strategy family (zeroth-order, GAS, a synchronous split,
-RingSFL) in ``numerics=portable`` (:mod:`fl_app.numerics`). Its fingerprint
+RingSFL) in ``numerics=portable`` (:mod:`fl_app.run.numerics`). Its fingerprint
 is its ``metrics.csv`` without the ``wall_time_s`` column: every accuracy,
 loss, virtual time, byte count and counter, as written. The files live in
 ``tests/fingerprints/NAME.csv``; ``tests/test_fingerprints.py`` reruns the
@@ -61,7 +61,7 @@ def fingerprint(metrics_csv: str | Path) -> str:
 
 def run(name: str, out_dir: Path) -> str:
     """Run fingerprint ``name`` in this process (which must have portable numerics); return its fingerprint."""
-    from fl_app.config import RunConfig
+    from fl_app.run.config import RunConfig
     from simulation.engine import run_inprocess
     from simulation.server_app import plan_run
 
@@ -98,7 +98,7 @@ def write() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m simulation.fingerprints check|write`` (restarts itself with portable numerics)."""
-    from fl_app.numerics import establish, restart
+    from fl_app.run.numerics import establish, restart
 
     args = list(sys.argv[1:] if argv is None else argv)
     if args not in (["check"], ["write"]):

@@ -1,6 +1,6 @@
 """What is derived from the option declarations: ``pyproject.toml``'s run-config table and the docs' references.
 
-Every key is declared once (:mod:`fl_app.options`, and ``options`` on each
+Every key is declared once (:mod:`fl_app.run.options`, and ``options`` on each
 strategy class). ``sflower keys --write`` rewrites from the declarations:
 
 * ``pyproject.toml``'s ``[tool.flwr.app.config]`` table (Flower requires
@@ -21,9 +21,9 @@ import json
 import re
 from pathlib import Path
 
-from fl_app.config import CORE_KEYS, installed_declarations
-from fl_app.options import CORE_OPTIONS, Option
-from fl_app.plugins import options_of, strategy_class, strategy_names
+from fl_app.run.config import CORE_KEYS, installed_declarations
+from fl_app.run.options import CORE_OPTIONS, Option
+from fl_app.run.plugins import options_of, strategy_class, strategy_names
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The header of the generated table in ``pyproject.toml``.
@@ -53,7 +53,7 @@ def owners() -> dict[str, list[str]]:
 def pyproject_table() -> str:
     """The body of ``[tool.flwr.app.config]``: the core keys, then each strategy's, with their defaults."""
     lines = [f"# Generated from the option declarations by `sflower keys --write` (do not edit by hand).",
-             TABLE, "# core keys (fl_app/options.py)"]
+             TABLE, "# core keys (fl_app/run/options.py)"]
     lines += [f"{opt.key} = {_toml_value(opt.default)}" for opt in CORE_OPTIONS]
     declared = installed_declarations(builtin_only=True)
     who = owners()

@@ -25,7 +25,7 @@ from typing import Any
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.server_app import RunPlan
 from simulation.engine import make_server_app
 from simulation.engine_options import RAY_ADDRESS_KEY, RAY_CPUS_KEY, check_ray_address
@@ -41,7 +41,7 @@ class RayClientApp(ClientApp):
 
     * **The task, once.** The first message in an actor process registers
       the driver's task (dataset, partitions), fetched from Ray's object
-      store, with :func:`fl_app.task.preload_task`: no actor reads and
+      store, with :func:`fl_app.learning.task.preload_task`: no actor reads and
       partitions the dataset again.
     * **Placement.** Each message's Ray node, process and wall-clock span
       go to a :func:`_placement_log` actor, for ``placement.json``.
@@ -68,7 +68,7 @@ class RayClientApp(ClientApp):
 
         if self.task_ref is not None and _PROCESS.get("task") != self._task_id:
             cfg, task = ray.get(self.task_ref)
-            from fl_app.task import preload_task
+            from fl_app.learning.task import preload_task
 
             preload_task(cfg, task)
             _PROCESS["task"] = self._task_id

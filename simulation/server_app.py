@@ -19,16 +19,16 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fl_app.config import RunConfig, given_or_default
-from fl_app.device import resolve_device
-from fl_app.errors import ConfigError
-from fl_app.link import check_links
-from fl_app.numerics import establish, machine_record
-from fl_app.privacy import check_defences
-from fl_app.untrusted import run_dir_config
+from fl_app.run.config import RunConfig, given_or_default
+from fl_app.run.device import resolve_device
+from fl_app.run.errors import ConfigError
+from fl_app.cut.link import check_links
+from fl_app.run.numerics import establish, machine_record
+from fl_app.privacy.activations import check_defences
+from fl_app.run.untrusted import run_dir_config
 from simulation.outputs.records import RunRecorder, default_output_dir, recorded_config
 from simulation.outputs.saved_model import ModelSaver
-from fl_app.task import Task, check_batch_size, load_task, write_partition_plot
+from fl_app.learning.task import Task, check_batch_size, load_task, write_partition_plot
 from simulation.privacy.record import ReceivedActivations, attach, check_record
 from simulation.session import check_transport, choose_transport, open_session_grid
 from simulation.vertical_server import vertical_main
@@ -81,7 +81,7 @@ def plan_run(cfg: RunConfig) -> RunPlan:
             ``device=cuda`` without a GPU, a tracker whose package is
             missing (naming its ``pip install 'sflower[...]'``),
             ``numerics=portable`` in a process not started for it
-            (:func:`fl_app.numerics.establish`), ``node-loss=rollback`` without
+            (:func:`fl_app.run.numerics.establish`), ``node-loss=rollback`` without
             ``checkpoint-every``.
     """
     establish(cfg.numerics)
@@ -116,7 +116,7 @@ def resume_pairs(resume: str, pairs: Mapping[str, Any]) -> dict[str, Any]:
     ``output-dir`` = ``RUN_DIR`` and the keys a resumed run may change (:data:`~strategies.core.checkpoint.RESUMABLE_KEYS`:
     ``checkpoint-every``, the session endpoint's) taken from ``pairs``, the keys given with it.
 
-    The checkpoint's configuration is untrusted input (:func:`fl_app.untrusted.run_dir_config`): checked like
+    The checkpoint's configuration is untrusted input (:func:`fl_app.run.untrusted.run_dir_config`): checked like
     the user's keys, and a ``data-dir`` (or TLS file, plugin strategy, preset path) it names is refused unless
     ``pairs`` names it.
 
@@ -131,7 +131,7 @@ def resume_pairs(resume: str, pairs: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"resume={resume}: no such run directory")
     pairs = {k.replace("_", "-"): v for k, v in pairs.items() if k != "resume"}
     source = run_dir / CHECKPOINT_FILE
-    saved = run_dir_config(read_meta(source).get("config"), str(source), pairs)  # untrusted: fl_app.untrusted
+    saved = run_dir_config(read_meta(source).get("config"), str(source), pairs)  # untrusted: fl_app.run.untrusted
     given = RunConfig.from_mapping({**saved, **pairs}).as_dict()
     for key in pairs:
         if key == "output-dir" and Path(str(given[key])).resolve() == run_dir.resolve():
@@ -239,12 +239,17 @@ def main(grid: Grid, context: Context) -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-    if vertical_main(grid, context, user_keys(grid)):  # strategy=vertical-sl: simulation.vertical_server
+    try:  # resume=RUN_DIR: the checkpoint's configuration, with the keys the user gave that a resume may change
+        resume = str(given_or_default(context.run_config, "resume") or "")
+        resumed = resume_pairs(resume, override_config(grid)) if resume else None
+    except ConfigError as err:
+        log.error("sflower: %s", err)
+        raise SystemExit(2) from None
+    if vertical_main(grid, context, user_keys(grid), resumed):  # strategy=vertical-sl: simulation.vertical_server
         return
     try:
-        resume = str(given_or_default(context.run_config, "resume") or "")
-        if resume:  # the checkpoint's configuration, with the keys the user gave that a resume may change
-            plan = plan_run(RunConfig.from_mapping(resume_pairs(resume, override_config(grid))))
+        if resumed is not None:
+            plan = plan_run(RunConfig.from_mapping(resumed))
             plan.resume_from = Path(resume) / CHECKPOINT_FILE
         else:
             plan = plan_run(RunConfig.from_mapping(context.run_config, given=user_keys(grid)))

@@ -54,9 +54,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from fl_app.config import RunConfig, given_or_default
-from fl_app.errors import ConfigError
-from fl_app.untrusted import read_json_table
+from fl_app.run.config import RunConfig, given_or_default
+from fl_app.run.errors import ConfigError
+from fl_app.run.untrusted import read_json_table
 from simulation.outputs.results import collect, expand, run_name
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
     """
     from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
-    from fl_app.plugins import strategy_class
+    from fl_app.run.plugins import strategy_class
     from simulation.ray_engine import run_ray
     from simulation.vertical import check_vertical, is_vertical, run_vertical
     from strategies.core.base import DivergedError, RunFailedError
@@ -212,7 +212,7 @@ def attack_run(run_dir: Path, options: str, data_dir: str = "") -> None:
     completed without ``privacy/inversion.json``); a run that diverged or failed is not attacked. ``data_dir``:
     the run's ``data-dir`` as the sweep file gives it (the user's key; the run directory's is not read), unless
     ``options`` names one."""
-    from fl_app.config import parse_key_values
+    from fl_app.run.config import parse_key_values
     from simulation.privacy.attack import RESULT_JSON, run_attack
 
     if not (run_dir / "summary.json").is_file() or (run_dir / "privacy" / RESULT_JSON).is_file():

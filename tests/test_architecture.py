@@ -11,7 +11,7 @@
   ``.get("<declared key>", <literal>)`` restates a run-config key's default
   (the keys: ``pyproject.toml``'s ``[tool.flwr.app.config]``, generated from
   the declarations); a raw mapping's missing key takes its default through
-  ``fl_app.config.given_or_default``, a resolved one is read from ``RunConfig``.
+  ``fl_app.run.config.given_or_default``, a resolved one is read from ``RunConfig``.
 * **Sizes**: every strategy class (a class in ``strategies/`` that subclasses
   :data:`STRATEGY_BASES`, directly or through another) spans at most
   :data:`MAX_STRATEGY_LINES` lines from its ``class`` line to its last line,
@@ -43,7 +43,7 @@ STRATEGY_BASES = frozenset({"SFLStrategy", "SyncStrategy", "AsyncStrategy"})
 MAX_STRATEGY_LINES = 150
 MAX_MODULE_LINES = 500
 #: The modules that resolve the run-config keys and their defaults.
-CONFIG_MODULES = frozenset({"fl_app.config", "fl_app.options"})
+CONFIG_MODULES = frozenset({"fl_app.run.config", "fl_app.run.options"})
 
 
 @cache
@@ -264,7 +264,7 @@ def test_no_restated_default(name):
     """A default is declared once (its ``Option``): ``.get(key, literal)`` outside the config modules restates it."""
     found = restated_defaults(modules()[name].read_text())
     assert not found, (f"{_rel(modules()[name])} restates declared defaults (read RunConfig, or "
-                       f"fl_app.config.given_or_default): {found}")
+                       f"fl_app.run.config.given_or_default): {found}")
 
 
 def test_restated_default_check_sees_them():

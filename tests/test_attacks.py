@@ -151,9 +151,9 @@ def test_label_attacks_without_a_tail_record_are_not_held():
 def test_gradient_matching_on_an_undefended_ushaped_run(tmp_path):
     """A tiny U-shaped SplitFed-V1 run with privacy-record: from the server's record alone, gradient matching
     names every label the clients' tails trained on, and replaying the tails reproduces every uploaded tail."""
-    from fl_app.config import RunConfig
-    from fl_app.privacy import read_tail_truth, tail_truth_path
-    from fl_app.task import load_task
+    from fl_app.run.config import RunConfig
+    from fl_app.privacy.activations import read_tail_truth, tail_truth_path
+    from fl_app.learning.task import load_task
     from simulation.engine import run_inprocess
     from simulation.privacy.record import read_tail_events
     from simulation.server_app import plan_run

@@ -27,8 +27,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from fl_app.config import RunConfig
-from fl_app.errors import ConfigError
+from fl_app.run.config import RunConfig
+from fl_app.run.errors import ConfigError
 from simulation.outputs.records import RunRecorder
 from simulation.server_app import plan_run
 from simulation import cli

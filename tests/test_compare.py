@@ -27,7 +27,7 @@ def test_band_is_theirs_min_max_widened():
 
 
 def test_iteration_zero_is_left_out_and_empty_side_refused():
-    from fl_app.errors import ConfigError
+    from fl_app.run.errors import ConfigError
 
     t = side_by_side([_c([0.1, 0.2], start=0)], [_c([0.1, 0.2], start=0)])
     assert list(t.global_iteration) == [1]

@@ -1,4 +1,4 @@
-"""Codecs for what crosses the cut (issue 36): fl_app/compression.py and the seam that applies them."""
+"""Codecs for what crosses the cut (issue 36): fl_app/cut/compression.py and the seam that applies them."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from flwr.app import ArrayRecord
 
 from fl_app import protocol as P
-from fl_app.compression import CODECS, decode_arrays, make_codec
-from fl_app.errors import ConfigError
+from fl_app.cut.compression import CODECS, decode_arrays, make_codec
+from fl_app.run.errors import ConfigError
 
 
 def _x(shape=(8, 6, 5, 5), seed=0):
@@ -122,12 +122,12 @@ def test_bad_codec_input_is_one_line(name, ratio, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-# --- the seam (fl_app/link.py) and the charged bytes ------------------------------------------------
+# --- the seam (fl_app/cut/link.py) and the charged bytes ------------------------------------------------
 def test_link_encodes_float_records_only_and_decodes_back():
     import torch
 
     from fl_app import protocol as P
-    from fl_app.link import LinkCodecs, decode
+    from fl_app.cut.link import LinkCodecs, decode
 
     links = LinkCodecs(make_codec("int8"), make_codec("none"))
     x, y = torch.from_numpy(_x((4, 3, 2, 2))), torch.arange(4)
@@ -146,7 +146,7 @@ def test_topk_link_leaves_model_weights_float32():
     import torch
 
     from fl_app import protocol as P
-    from fl_app.link import LinkCodecs
+    from fl_app.cut.link import LinkCodecs
 
     links = LinkCodecs(make_codec("topk", 0.1), make_codec("none"))
     content = P.record_dict({P.WEIGHTS: P.state_record({"w": torch.ones(3, 2)}),
@@ -197,7 +197,7 @@ def _tiny_run(tmp_path, monkeypatch, **keys):
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_tiny_run_with_int8_uplink_sends_a_quarter_plus_overhead(tmp_path, monkeypatch):
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from tests.conftest import make_cfg
 
     f32 = _tiny_run(tmp_path, monkeypatch)
@@ -286,7 +286,7 @@ def test_weights_only_links_are_what_crosses(tmp_path, monkeypatch, keys, declar
     """The links a strategy declares weights-only carry, in a run with fp16 on both links, no encoded record
     but model weights; the others carry activations, gradients or perturbations. Top-k there is refused in
     one line, before the run; on the other links it is accepted."""
-    from fl_app.link import ENCODED, LinkCodecs
+    from fl_app.cut.link import ENCODED, LinkCodecs
     from simulation.engine import run_inprocess
     from simulation.server_app import plan_run
     from tests.conftest import make_cfg

@@ -14,7 +14,7 @@ import torch
 from fl_app import data as D
 from fl_app.data import files as D_files
 from fl_app.data import hub as D_hub
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 MNIST_DIR = SHARED_DATA / "mnist"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.config import RunConfig
-from fl_app.errors import ConfigError
+from fl_app.run.config import RunConfig
+from fl_app.run.errors import ConfigError
 from simulation.deploy.options import parse_deploy_args
 from simulation.deploy.processes import flower_binaries_missing
 from tests.conftest import read_metrics

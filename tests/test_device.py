@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from tests.conftest import make_cfg, read_metrics
 
 #: The partition keys of the runs below (dirichlet: unequal sizes and histograms).
@@ -47,7 +47,7 @@ def _run_cfg(tmp_path, name, **overrides):
 def test_partition_command_round_trips(parts):
     """Each directory holds exactly the simulation partition's examples and labels, in its order."""
     from fl_app.data import load_device_dataset
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
 
     task = load_task(make_cfg(**PART, concurrency=1))
     sizes = [len(p) for p in task.partitions]
@@ -68,7 +68,7 @@ def test_partition_command_round_trips(parts):
 def test_partition_command_shard_with_data_dir(tmp_path, fmnist_dir):
     """A file dataset (data-dir) and another scheme; the same partitions as the simulation's."""
     from fl_app.data import load_device_dataset
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.cli import main
 
     keys = {"dataset": "fashion-mnist", "data-dir": str(fmnist_dir), "num-clients": 5, "partition": "shard",
@@ -109,7 +109,7 @@ def test_partition_command_bad_input(args, fragment, tmp_path, capsys):
 def _connect(cfg, node_configs):
     """The strategy of ``cfg`` after the handshake with in-process nodes of ``node_configs``."""
     from fl_app.client_app import app
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
     from simulation.timing.durations import ZeroTiming
@@ -212,7 +212,7 @@ def test_bad_node_data_fails_the_handshake_in_one_line(make_config, fragment, pa
 
 def test_node_config_loader_errors_are_config_errors(tmp_path):
     """The node's task loader raises the one-line ConfigError itself (the ClientApp's error reply carries it)."""
-    from fl_app.task import load_device_task
+    from fl_app.learning.task import load_device_task
 
     with pytest.raises(ConfigError, match="does not exist") as info:
         load_device_task(make_cfg(), str(tmp_path / "missing"))

@@ -40,7 +40,7 @@ def reverse_one_per_pull(unreleased, pulls):
 @pytest.fixture
 def strategy(server_identity):
     """An SFLStrategy on a scripted grid of 4 nodes; ``strategy(release)``."""
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from strategies.core.base import ClientInfo, SFLStrategy
     from strategies.core.dispatcher import Dispatcher
@@ -143,7 +143,7 @@ def test_cancel_drops_queued_and_in_flight(strategy):
 def test_expected_duration_is_the_mean_and_draws_nothing(server_identity):
     """With exponential stragglers a request's expected duration is its nominal compute
     time (the mean of Exp(1) is 1), and asking does not consume a straggler draw."""
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.devices import DEFAULT_FLOPS_PER_S, draw_profiles
     from simulation.timing.durations import DeviceTiming

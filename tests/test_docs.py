@@ -135,7 +135,7 @@ def test_the_path_check_sees_paths_and_only_paths():
         "strategies/algorithms/gas.py", "simulation/bench/"]
     assert missing_paths("`RUN_DIR/privacy/tail-0.npy`, https://example.org/docs/x, runs/tests/a.csv") == []
     assert missing_paths("`docs/results/NAME/report.md`, `presets/NAME.toml`, `docs/results/<name>/`, "
-                         "`tests/test_*.py`, `fl_app/models/...`, (fl_app/task.py).") == []
+                         "`tests/test_*.py`, `fl_app/models/...`, (fl_app/learning/task.py).") == []
 
 
 @pytest.mark.parametrize("page", [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))], ids=lambda p: str(p.relative_to(ROOT)))
@@ -209,8 +209,8 @@ def test_the_inline_plugin_loads_checks_its_keys_and_computes_the_geometric_medi
 
     import torch
 
-    from fl_app.config import RunConfig
-    from fl_app.errors import ConfigError
+    from fl_app.run.config import RunConfig
+    from fl_app.run.errors import ConfigError
     from strategies.algorithms.splitfed import SplitFedV1
     from strategies.core.registry import get_strategy
 

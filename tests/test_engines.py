@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from tests.conftest import TINY, cli_args, make_cfg, read_metrics
 
 # =============================================================================
@@ -166,16 +166,16 @@ def test_ray_matches_inprocess(tmp_path, strategy, extra):
 
 
 def test_a_preloaded_task_is_what_the_handshake_record_looks_up(tmp_path, monkeypatch):
-    """The task the Ray driver preloads in an actor (:func:`fl_app.task.preload_task`) is what a client's
+    """The task the Ray driver preloads in an actor (:func:`fl_app.learning.task.preload_task`) is what a client's
     handshake record looks up there, so the actor does not read and partition the dataset again."""
     import dataclasses
 
     from flwr.app import ConfigRecord
 
-    from fl_app.config import RunConfig
+    from fl_app.run.config import RunConfig
     from simulation.server_app import plan_run
-    from fl_app import task as task_module
-    from fl_app.task import load_task, preload_task
+    from fl_app.learning import task as task_module
+    from fl_app.learning.task import load_task, preload_task
 
     plan = plan_run(make_cfg(strategy="gas", num_clients=3, seed=5, output_dir=str(tmp_path / "p")))
     record = ConfigRecord(dict(plan.cfg.as_dict()))  # what the handshake carries (strategies.core.base.connect)

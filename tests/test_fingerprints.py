@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.errors import ConfigError
-from fl_app.numerics import PORTABLE_ENV, establish, launch_env, machine_record
+from fl_app.run.errors import ConfigError
+from fl_app.run.numerics import PORTABLE_ENV, establish, launch_env, machine_record
 from simulation.fingerprints import FINGERPRINTS, fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]

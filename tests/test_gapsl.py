@@ -131,7 +131,7 @@ def test_gapsl_runs_and_learns(mode, tmp_path):
 
 
 def _gapsl(**overrides):
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
     from strategies.algorithms.gapsl import GAPSL

@@ -135,7 +135,7 @@ def test_activation_gradient_keeps_shape_of_multi_dim_activations():
 
 
 def test_activation_gradient_leaves_server_model_untouched():
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from tests.conftest import make_cfg
 
     task = load_task(make_cfg())
@@ -170,7 +170,7 @@ def make_gas(**overrides):
     """A GAS strategy on mnist-5k with two hand-made clients (|D| = 100 and 300) and a
     stubbed transport: returns ``(strategy, sent)`` with ``sent`` the list of
     ``(pid, Request)`` it tried to send."""
-    from fl_app.config import RunConfig
+    from fl_app.run.config import RunConfig
     from simulation.server_app import plan_run
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
@@ -484,7 +484,7 @@ RUN = {"strategy": "gas", "dataset": "mnist-5k", "model": "alexnet", "cut-layer"
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    from fl_app.config import RunConfig
+    from fl_app.run.config import RunConfig
     from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from strategies.algorithms.gas.generation import (
     EXPONENTIAL_RATE,
     WEIGHTINGS,

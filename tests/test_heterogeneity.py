@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import simulation.timing.devices as het
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.timing.channels import channel_rate_bps, path_loss_db
 from simulation.timing.devices import (
     HETEROGENEITY,

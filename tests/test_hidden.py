@@ -1,4 +1,4 @@
-"""Client-side models hidden from the server, ``hide-client-models`` (fl_app/hidden.py, strategies/core/hidden.py).
+"""Client-side models hidden from the server, ``hide-client-models`` (fl_app/privacy/hidden.py, strategies/core/hidden.py).
 
 * The cryptography: both ends of a pair derive one key, and only they; a
   sealed state opens to the same tensors, and an altered byte, another key
@@ -29,8 +29,8 @@ from fl_app import protocol as P
 from fl_app.client.hidden import STATE_KEY, open_bundle
 from fl_app.client.state import slot_key
 from fl_app.client_app import app as real_app
-from fl_app.config import RunConfig
-from fl_app.hidden import (
+from fl_app.run.config import RunConfig
+from fl_app.privacy.hidden import (
     OVERHEAD,
     GroupSecret,
     HiddenError,
@@ -179,7 +179,7 @@ def test_a_drawn_seed_gives_another_initial_model(tmp_path):
 
     _run(tmp_path, app, **{"cut-layers": "1,9", "hide-client-models": True, "global-iterations": 1})
     public = RunConfig.from_mapping(BASE)
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     init = load_task(public).build_model().state_dict()
     name = next(k for k in seen["first"] if seen["first"][k].numel() >= 16)
     assert not torch.equal(seen["first"][name], init[name])

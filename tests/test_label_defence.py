@@ -1,4 +1,4 @@
-"""A U-shaped client's label defences (fl_app/label_defence.py, fl_app/marvell.py).
+"""A U-shaped client's label defences (fl_app/privacy/label_defence.py, fl_app/privacy/marvell.py).
 
 * Marvell's optimal covariances against the hand solution (``u = v``, ``p = ½``: all the power ``P`` along
   the class-mean difference, symmetrised KL ``D²/(v + P)``); the budget holds in an asymmetric case, where
@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from fl_app.label_defence import defence_generator, marvell_noise, perturb, tail_backward
-from fl_app.marvell import solve, symmetrised_kl
+from fl_app.privacy.label_defence import defence_generator, marvell_noise, perturb, tail_backward
+from fl_app.privacy.marvell import solve, symmetrised_kl
 from simulation import cli
 from tests.test_ushaped import BASE
 

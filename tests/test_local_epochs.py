@@ -51,7 +51,7 @@ def test_async_and_fl_honour_local_epochs(tmp_path):
     rounds = pd.read_csv(tmp_path / "gas" / "metrics.csv")["client_iterations"].diff().dropna().astype(int)
     assert len(rounds) == 5 and set(rounds) <= set(steps) and len(set(rounds)) > 1, (list(rounds), steps)
 
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from strategies.core.base import ClientInfo
     from simulation.timing.durations import ZeroTiming
@@ -105,8 +105,8 @@ def test_ringsfl_reference_preset_and_its_data():
     [-1, 1], 2 local epochs, 5 clients holding contiguous chunks in file order."""
     import torch
 
-    from fl_app.config import RunConfig
-    from fl_app.task import load_task
+    from fl_app.run.config import RunConfig
+    from fl_app.learning.task import load_task
 
     cfg = RunConfig.from_mapping({"preset": "ringsfl-reference"})
     assert (cfg.model, cfg.init, cfg.lr, cfg.momentum, cfg.batch_size, cfg.local_epochs, cfg.num_clients) == \

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from tests.conftest import SHARED_DATA, cli_args, make_cfg, read_metrics
 
 LLM_COMMAND = 'pip install -e ".[llm]"'
@@ -111,7 +111,7 @@ def test_compressed_activations_keep_the_mask_exact(codec):
     """The mask feature survives every accepted codec, as the layers read it (``> 0.5``)."""
     import numpy as np
 
-    from fl_app.compression import decode_arrays, make_codec
+    from fl_app.cut.compression import decode_arrays, make_codec
 
     gen = torch.Generator().manual_seed(0)
     h = torch.randn(4, 9, 384, generator=gen) * 5
@@ -230,8 +230,8 @@ def test_vanilla_sl_one_client_equals_centralised_lora_step_by_step(tmp_path, mo
     from fl_app import protocol as P
     from fl_app.client_app import app
     from fl_app.models import minilm
-    from fl_app.task import load_task
-    from fl_app.training import load_batch, sample_batch
+    from fl_app.learning.task import load_task
+    from fl_app.learning.training import load_batch, sample_batch
     from simulation.engine import InProcessGrid
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming

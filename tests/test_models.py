@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from fl_app.models import (
     INITS,
     MODELS,
@@ -613,7 +613,7 @@ def test_default_init_statistics():
 
 
 def test_task_threads_init(tiny_cfg):
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
 
     default = load_task(tiny_cfg(model="lenet5"))
     paper = load_task(tiny_cfg(model="lenet5", init="ringsfl"))
@@ -634,7 +634,7 @@ def test_task_threads_init(tiny_cfg):
 def client_node(server_identity, one_torch_thread):
     """``node(model, cut) -> (strategy, grid, task)``: 2 in-process nodes, batch 4, mnist-5k."""
     from fl_app.client_app import app
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
     from strategies.core.base import SFLStrategy
@@ -681,7 +681,7 @@ def _node_state(s, grid):
 
 def _reference_step(task, cut, state, g, seed):
     """One in-process forward (train mode, dropout under ``seed``) + backward + SGD step of blocks [0, cut)."""
-    from fl_app.training import load_batch
+    from fl_app.learning.training import load_batch
 
     batch = state.config_records["slot.own.batch"]
     x, _ = load_batch(task, 0, batch["indices"], int(batch["step"]))
@@ -698,12 +698,12 @@ def _reference_step(task, cut, state, g, seed):
 def test_dropout_recompute_uses_the_forward_masks(client_node, monkeypatch):
     """vit-small cut 2: train.backward's recomputed forward equals train.forward's output
     (same dropout masks), and the step equals one in-process forward/backward."""
-    from fl_app import live
+    from fl_app.client import live
     from fl_app import protocol as P
     from fl_app.client.state import RNG_SEED
 
     # the recomputation as under Ray and in deployment: in-process nodes would otherwise reuse the
-    # forward pass's own graph (fl_app.live; test_ringsfl.py::test_live_objects_change_no_number)
+    # forward pass's own graph (fl_app.client.live; test_ringsfl.py::test_live_objects_change_no_number)
     monkeypatch.setattr(live, "ENABLED", False)
     s, grid, task = client_node("vit-small", 2)
     outputs = []
@@ -789,8 +789,8 @@ def test_torch_default_init_is_pytorchs_own():
 def test_init_seed_sets_the_initial_weights_alone(tmp_path, capsys):
     """``init-seed`` seeds the initial model and nothing else: two runs with different seeds and the
     same init-seed start from the same weights but draw different data; -1 means ``seed``."""
-    from fl_app.config import RunConfig
-    from fl_app.task import load_task
+    from fl_app.run.config import RunConfig
+    from fl_app.learning.task import load_task
     from simulation.cli import main
     from tests.conftest import cli_args
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from fl_app.models import build_model
-from fl_app.training import load_optimizer, make_sgd, optimizer_record
+from fl_app.learning.training import load_optimizer, make_sgd, optimizer_record
 
 
 def _steps(model, opt, xs, ys, save_between=False, kind="sgd"):
@@ -46,8 +46,8 @@ def test_adamw_is_adamw_and_unknown_kinds_are_refused():
 
 
 def test_bad_optimizer_key_is_a_config_error():
-    from fl_app.config import RunConfig
-    from fl_app.errors import ConfigError
+    from fl_app.run.config import RunConfig
+    from fl_app.run.errors import ConfigError
 
     assert RunConfig.from_mapping({"optimizer": "adamw"}).optimizer == "adamw"
     with pytest.raises(ConfigError, match="optimizer must be one of sgd, adamw"):

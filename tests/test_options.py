@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fl_app.config import CORE_KEYS, RunConfig, defaults, installed_declarations
-from fl_app.errors import ConfigError
-from fl_app.options import Option
-from fl_app.plugins import register, strategy_class
+from fl_app.run.config import CORE_KEYS, RunConfig, defaults, installed_declarations
+from fl_app.run.errors import ConfigError
+from fl_app.run.options import Option
+from fl_app.run.plugins import register, strategy_class
 from simulation import keys
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,7 +225,7 @@ def test_a_key_the_strategy_does_not_read_is_one_line_and_exit_2(capsys):
 def test_a_preset_names_its_strategy_and_refuses_another_unless_asked(capsys, tmp_path):
     """Every preset names its strategy and sets it; applied to another strategy it is one line and exit 2,
     unless preset-any-strategy=true, which sets only the preset's keys that strategy reads."""
-    from fl_app.config import preset_names, preset_values
+    from fl_app.run.config import preset_names, preset_values
 
     assert {name: preset_values(name)["strategy"] for name in preset_names()} == {
         "gas-reference": "gas", "mu-splitfed": "mu-splitfed", "ringsfl-reference": "ringsfl"}

@@ -11,7 +11,7 @@ import pytest
 
 from fl_app.data import load_dataset, partition_indices
 from fl_app.data.partition import SIZE_SKEW, parse_partition_sizes
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.cli import main
 
 
@@ -192,8 +192,8 @@ def test_partition_seed_sets_the_partition_alone(tmp_path, capsys):
     weights); -1 means ``seed``; below -1 is refused in one line."""
     import torch
 
-    from fl_app.config import RunConfig
-    from fl_app.task import load_task
+    from fl_app.run.config import RunConfig
+    from fl_app.learning.task import load_task
     from tests.conftest import cli_args
 
     def task(**keys):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_app.privacy import ActivationDefence, clip_rows, distance_correlation
+from fl_app.privacy.activations import ActivationDefence, clip_rows, distance_correlation
 from simulation.cli import main
 from tests.conftest import cli_args
 
@@ -106,7 +106,7 @@ def test_attack_without_record_is_one_line_exit_2(capsys, tmp_path):
 
 
 def test_holdout_is_in_no_partition_and_off_changes_nothing(tiny_cfg):
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
 
     base = load_task(tiny_cfg())
     held = load_task(tiny_cfg(aux_holdout=500))

@@ -18,7 +18,7 @@ class RefClient:
     """A client-side model with its own persistent SGD and sampler, as a node keeps them."""
 
     def __init__(self, task, pid, cut, state, lr=OPT["lr"]):
-        from fl_app.training import make_sgd
+        from fl_app.learning.training import make_sgd
 
         self.task, self.pid = task, pid
         self.model = task.build_model().segment(0, cut)
@@ -27,7 +27,7 @@ class RefClient:
         self.sampler, self.step = ConfigRecord(), 0
 
     def forward(self, b):
-        from fl_app.training import load_batch, sample_batch
+        from fl_app.learning.training import load_batch, sample_batch
 
         idx = sample_batch(self.task, self.pid, self.sampler, b)
         self.x, self.y = load_batch(self.task, self.pid, idx, self.step)
@@ -44,7 +44,7 @@ class RefClient:
 
 def _run(strategy, **overrides):
     from fl_app.client_app import app
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
     from simulation.timing.devices import draw_profiles
@@ -64,7 +64,7 @@ def _run(strategy, **overrides):
 def test_psl_round_equals_reference(psl_loss, server_identity, one_torch_thread):
     """3 clients, E = 2: per-client models diverge and are never averaged; the server
     steps once per local iteration on mean_k L_k (or Σ_k L_k); client k receives ∇_{A_k} L_k."""
-    from fl_app.training import make_sgd
+    from fl_app.learning.training import make_sgd
 
     s, task, timing = _run("psl", num_clients=3, concurrency=3, local_iterations=2, psl_loss=psl_loss)
     cut = task.cut_layer
@@ -96,7 +96,7 @@ def test_psl_round_equals_reference(psl_loss, server_identity, one_torch_thread)
     acts = 3 * 2 * s.costs.activation_bits(cut, 8) / 8
     assert s.bytes_up == acts
     # the last row evaluates client_k ∘ server on the full test set: mean, min, max over clients
-    from fl_app.training import evaluate_model
+    from fl_app.learning.training import evaluate_model
 
     accs = []
     for pid, c in clients.items():
@@ -113,7 +113,7 @@ def test_psl_round_equals_reference(psl_loss, server_identity, one_torch_thread)
 def test_vanilla_sl_clients_train_in_turn(server_identity, one_torch_thread):
     """2 clients, E = 2: the second client starts from the first one's model; one
     server-side model; the virtual time is the sum of both clients' work."""
-    from fl_app.training import make_sgd
+    from fl_app.learning.training import make_sgd
 
     s, task, timing = _run("vanilla-sl", num_clients=2, concurrency=2, local_iterations=2)
     cut = task.cut_layer
@@ -173,7 +173,7 @@ def test_epsl_round_equals_reference(server_identity, one_torch_thread):
     """3 clients, E = 2, φ = 0.5 of B = 8: the server back-propagates the per-client last-layer
     gradients with rows 0-3 averaged across clients; client k gets C·∂/∂A_k of that.
     Clients and server step at their own learning rates (client-lr, server-lr-split)."""
-    from fl_app.training import make_sgd
+    from fl_app.learning.training import make_sgd
 
     s, task, timing = _run("epsl", num_clients=3, concurrency=3, local_iterations=2, epsl_phi=0.5,
                            client_lr=0.02, server_lr_split=0.08)

@@ -142,7 +142,7 @@ def test_three_node_relay_matches_one_process(relay_setup):
 
 
 def _own_batch(grid, s, task, pid):
-    from fl_app.training import load_batch
+    from fl_app.learning.training import load_batch
 
     batch = _state(grid, s, pid).config_records["slot.own.batch"]
     return load_batch(task, pid, batch["indices"], int(batch["step"]))
@@ -170,7 +170,7 @@ def test_weighted_accumulation_and_lr_scale(relay_setup):
     ref = task.build_model().segment(0, 2)
     w0 = {k: v.clone() for k, v in ref.state_dict().items()}
     acc = {k: torch.zeros_like(v) for k, v in w0.items()}
-    from fl_app.training import load_batch, sample_batch
+    from fl_app.learning.training import load_batch, sample_batch
     from flwr.app import ConfigRecord
 
     sampler = ConfigRecord()
@@ -207,7 +207,7 @@ def test_backward_with_a_server_held_optimizer_state(relay_setup):
     g = 1e-3 * torch.randn(B, 64, 7, 7, generator=torch.Generator().manual_seed(1))
     ref = task.build_model().segment(0, 2)
     w = {k: v.detach().clone() for k, v in ref.named_parameters()}
-    from fl_app.training import load_batch, sample_batch
+    from fl_app.learning.training import load_batch, sample_batch
     from flwr.app import ConfigRecord
 
     sampler = ConfigRecord()

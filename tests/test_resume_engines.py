@@ -23,7 +23,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 
 from fl_app import protocol as P
 from fl_app.client_app import app as client_app
-from fl_app.config import RunConfig
+from fl_app.run.config import RunConfig
 from simulation import cli
 from simulation.engine import InProcessGrid, run_inprocess
 from simulation.server_app import plan_run

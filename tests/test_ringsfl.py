@@ -12,7 +12,7 @@ import torch
 from flwr.app import ConfigRecord
 from torch import nn
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from tests.conftest import cli_args, make_cfg, read_metrics
 from tests.fault_apps import failing_client_app
 
@@ -109,7 +109,7 @@ RING_OPT = dict(lr=0.05, momentum=0.0, weight_decay=0.0, clip_norm=0.0)
 
 def _run_ring(model, **overrides):
     from fl_app.client_app import app
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
     from simulation.timing.devices import draw_profiles
@@ -290,8 +290,8 @@ def test_vanilla_sl_batch_order(server_identity, one_torch_thread):
     round-robin 0, 1 | 2, 0 (continuing across rounds), one client-side and one
     server-side model; equal to one process doing the same."""
     from fl_app.client_app import app
-    from fl_app.task import load_task
-    from fl_app.training import load_batch, make_sgd, sample_batch
+    from fl_app.learning.task import load_task
+    from fl_app.learning.training import load_batch, make_sgd, sample_batch
     from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
     from simulation.timing.devices import draw_profiles
@@ -363,13 +363,13 @@ def test_learns_mnist_lenet5(shared_data, tmp_path):
 @pytest.mark.parametrize("strategy, model", [("ringsfl", "lenet5"), ("ringsfl", "vit-small"),
                                              ("splitfed-v1", "alexnet")])
 def test_live_objects_change_no_number(strategy, model, tmp_path, monkeypatch):
-    """In-process nodes keep their live models and forward graphs (:mod:`fl_app.live`) only as a
+    """In-process nodes keep their live models and forward graphs (:mod:`fl_app.client.live`) only as a
     cache of ``context.state``: a run is bit-identical with them off (every message rebuilding
     its model, every backward recomputing its forward pass, as under Ray). vit-small has
     dropout (the kept graph holds the masks of the seeded forward pass); splitfed-v1
     piggybacks the next forward on each backward. (Every strategy of
     ``tests/test_engines.py::test_ray_matches_inprocess`` also checks it: Ray keeps nothing.)"""
-    from fl_app import live
+    from fl_app.client import live
     from benchmarks.ring import time_engine
 
     taken = []
@@ -409,7 +409,7 @@ def test_bench_ring_quick(shared_data, tmp_path):
 @pytest.mark.parametrize("version,momentum,warned", [(2, 0.9, True), (2, 0.0, False), (1, 0.9, False)])
 def test_v2_under_momentum_warns_in_one_line(version, momentum, warned, caplog):
     """Eq. 7's overlap multiplier is defined for plain SGD: v2 with momentum says so, once, in one line."""
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
     from strategies.core.registry import get_strategy

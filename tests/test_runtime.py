@@ -20,8 +20,8 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from torch import nn
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig, defaults, parse_key_values
-from fl_app.errors import ConfigError
+from fl_app.run.config import RunConfig, defaults, parse_key_values
+from fl_app.run.errors import ConfigError
 from strategies.core.dispatcher import Request
 from tests.conftest import TINY, cli_args, make_cfg, read_metrics
 from tests.fault_apps import failing_client_app
@@ -330,8 +330,8 @@ def test_backward_recomputes_stored_batch_and_keeps_momentum(server_identity):
     from fl_app.client_app import app
 
     OPTIMIZER_KEY = slot_key(P.OWN_SLOT, "optimizer")
-    from fl_app.task import load_task
-    from fl_app.training import load_batch, sample_batch
+    from fl_app.learning.task import load_task
+    from fl_app.learning.training import load_batch, sample_batch
     from simulation.engine import InProcessGrid
 
     cfg = make_cfg(num_clients=2, concurrency=2)
@@ -444,8 +444,8 @@ def test_backward_matches_torch_sgd_exactly(augment, server_identity, monkeypatc
 
     from fl_app import client_app as real
     from fl_app.client import node as client_node
-    from fl_app.task import load_task
-    from fl_app.training import load_batch, sample_batch
+    from fl_app.learning.task import load_task
+    from fl_app.learning.training import load_batch, sample_batch
     from simulation.engine import InProcessGrid
 
     cfg = make_cfg()
@@ -497,7 +497,7 @@ def _fake_clients(sizes):
 
 
 def test_minibatch_sfl_batch_sizes_by_hand():
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
     from strategies.algorithms.splitfed import MiniBatchSFL
@@ -524,7 +524,7 @@ def _hand_round(task, cfg, strategy):
 
     Returns the expected full-model state dict.
     """
-    from fl_app.training import load_batch, sample_batch
+    from fl_app.learning.training import load_batch, sample_batch
 
     cut, C = cfg.cut_layer, cfg.num_clients
     sizes = [len(p) for p in task.partitions]
@@ -594,7 +594,7 @@ def _hand_round(task, cfg, strategy):
 @pytest.mark.parametrize("strategy", ["splitfed-v1", "minibatch-sfl"])
 def test_one_round_equals_hand_computation(strategy, server_identity):
     from fl_app.client_app import app
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
     from simulation.engine import InProcessGrid
@@ -649,7 +649,7 @@ def test_virtual_time_and_bytes_by_hand(small_run):
     FLOP figures, not from the strategy's own helpers.
     """
     from fl_app.models import profile_blocks
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.devices import draw_profiles
     from simulation.timing.durations import DeviceTiming
 
@@ -933,7 +933,7 @@ def test_malformed_handshake_fails_the_run_in_one_line(tmp_path):
 def test_reply_checker_cases(server_identity):
     """The checks behind validate_reply on genuine replies, then on altered copies."""
     from fl_app.client_app import app
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.engine import InProcessGrid
     from strategies.core.validation import ReplyChecker
 
@@ -1086,7 +1086,7 @@ def test_cli_strategies_prints_options(capsys):
     assert "\npsl " in out and "\nvanilla-sl " in out
     ring = out.split("\nringsfl ", 1)[1].split("\ns2fl", 1)[0]
     assert "run with: preset=ringsfl-reference" in ring.splitlines()[1]  # right under its name
-    from fl_app.config import preset_names
+    from fl_app.run.config import preset_names
 
     for name in ("gas", "mu-splitfed", "ringsfl"):  # each names a preset that exists
         line = out.split(f"\n{name} ", 1)[1].splitlines()[1]
@@ -1097,7 +1097,7 @@ def test_gas_reference_preset():
     """preset=gas-reference sets the GAS authors' choices; every key given wins, at any value; a resolved
     configuration resolves to itself; under `flwr run` (every key arrives) only the keys of Flower's
     override config count as given."""
-    from fl_app.errors import ConfigError
+    from fl_app.run.errors import ConfigError
 
     cfg = RunConfig.from_mapping({"preset": "gas-reference"})
     assert (cfg.model, cfg.init, cfg.aggregation, cfg.batch_parallel) == ("alexnet-gas", "torch-default", "uniform",

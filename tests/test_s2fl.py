@@ -36,7 +36,7 @@ def test_closest_to_median_by_hand():
 
 
 def _s2fl(**overrides):
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
     from strategies.algorithms.s2fl import S2FL
@@ -88,7 +88,7 @@ def test_grouped_server_step_equals_reference():
 
 def _run(strategy, **overrides):
     from fl_app.client_app import app
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.engine import InProcessGrid
     from simulation.timing.devices import draw_profiles
@@ -130,7 +130,7 @@ def test_one_group_at_the_real_cut_is_minibatch_sfl(server_identity, one_torch_t
 def test_adaptive_cut_picks_the_time_closest_to_the_median():
     """Each client's charged cut is the candidate whose expected iteration time is closest to the
     median over all clients and candidates (here computed from the device profiles directly)."""
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.devices import draw_profiles
     from simulation.timing.durations import DeviceTiming
@@ -159,7 +159,7 @@ def test_adaptive_cut_picks_the_time_closest_to_the_median():
 
 
 def test_bad_candidate_cut_is_refused():
-    from fl_app.errors import ConfigError
+    from fl_app.run.errors import ConfigError
 
     with pytest.raises(ConfigError, match="s2fl-cuts 9 out of range"):
         _s2fl(s2fl_cuts="1:9")

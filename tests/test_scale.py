@@ -90,8 +90,7 @@ def test_live_caches_are_kept_for_the_most_recently_used_nodes(monkeypatch):
     makes its node the most recent; a dropped node's next message starts without a cache."""
     from flwr.app import RecordDict
 
-    from fl_app import live
-
+    from fl_app.client import live
     monkeypatch.setattr(live, "MAX_NODES", 3)
     monkeypatch.setattr(live, "_LIVE", {})
     states = [RecordDict() for _ in range(5)]
@@ -111,7 +110,7 @@ def test_idle_nodes_keep_no_model_and_share_the_task_record(tmp_path, monkeypatc
     """12 clients, 3 per round, 3 rounds, with live caches for at most 3 nodes: after the run no more
     than 3 nodes hold a live model, all nodes share one task record, and the numbers equal a run
     whose every trained node kept its cache."""
-    from fl_app import live
+    from fl_app.client import live
     from fl_app import protocol as P
     from simulation.cli import main
     from tests.conftest import cli_args

@@ -19,7 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 
 from fl_app.client.audit import audit_path, findings
 from fl_app.client.sealing import SEALED, SealError, key_path, node_key, seal, unseal
-from fl_app.config import RunConfig
+from fl_app.run.config import RunConfig
 from simulation.engine import run_inprocess
 from simulation.server_app import plan_run
 from tests.test_ushaped import BASE

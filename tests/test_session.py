@@ -36,7 +36,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 
 from fl_app.client_app import app as real_app
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from fl_app.session.client import CHANNEL_OPTIONS, METHOD, OPEN_ACTION, SESSION, serve_session
 from fl_app.session.wire import FrameError, decode_frame, encode_frame
 from simulation import server_app

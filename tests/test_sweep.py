@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.cli import main
 from simulation.outputs.report import BEST, FINAL, report, summarize
 from simulation.sweep import claim, expand, load_sweep, run_sweep

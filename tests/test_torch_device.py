@@ -1,12 +1,12 @@
-"""The ``device`` key (fl_app.device): spelling, resolution, node overrides, and GPU runs where a GPU exists."""
+"""The ``device`` key (fl_app.run.device): spelling, resolution, node overrides, and GPU runs where a GPU exists."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fl_app.config import ConfigError, RunConfig
-from fl_app.device import check_device_name, model_device, resolve_device, to_device
+from fl_app.run.config import ConfigError, RunConfig
+from fl_app.run.device import check_device_name, model_device, resolve_device, to_device
 from simulation.server_app import plan_run
 from simulation.engine import run_inprocess
 from strategies.core.base import RunFailedError
@@ -68,7 +68,7 @@ def test_gpu_runs_repeat_from_their_seed_and_learn_like_the_cpu(tmp_path, strate
 
 
 def test_deterministic_gpu_settings_keep_a_users_cublas_choice(monkeypatch):
-    from fl_app.device import deterministic_gpu
+    from fl_app.run.device import deterministic_gpu
 
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)

@@ -146,7 +146,7 @@ def test_bad_tracker_value_exits_2(tmp_path, capsys, value, fragment):
 def test_tracker_packages_are_imported_only_when_asked_for():
     """Planning a run checks that the packages exist without importing them; tracker=none imports none."""
     code = ("import sys\n"
-            "from fl_app.config import RunConfig\n"
+            "from fl_app.run.config import RunConfig\n"
             "from simulation.server_app import plan_run\n"
             "from simulation.outputs.trackers import check_trackers\n"
             "from simulation.cli import main\n"

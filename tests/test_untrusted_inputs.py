@@ -4,7 +4,7 @@ Every reader below gets a planted payload (a pickle whose ``__reduce__``
 creates a marker file, or the JSON/TOML/safetensors equivalent: a config
 pointing ``data-dir`` or a plugin strategy into the run directory, absurd
 sizes, deep nesting). No marker ever appears, and invalid input gives one
-line (:class:`~fl_app.errors.ConfigError`; the CLI: exit 2).
+line (:class:`~fl_app.run.errors.ConfigError`; the CLI: exit 2).
 
 The readers covered (from ``grep -n "open(\\|read_text\\|read_bytes\\|load(\\|np.load\\|pickle\\|json.load\\|tomllib"``):
 
@@ -48,10 +48,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fl_app.config import RunConfig, preset_values
+from fl_app.run.config import RunConfig, preset_values
 from fl_app.data import files as D_files
-from fl_app.errors import ConfigError
-from fl_app.untrusted import read_json_table, run_dir_config
+from fl_app.run.errors import ConfigError
+from fl_app.run.untrusted import read_json_table, run_dir_config
 from strategies.core import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[1]
@@ -281,7 +281,7 @@ def test_numerics_of_a_bad_config_json(tmp_path):
 
 def test_summary_and_sweep_json(tmp_path, monkeypatch):
     """summary.json, inversion.json: bounded size and depth; the sweep treats an unreadable summary as unfinished."""
-    from fl_app import untrusted
+    from fl_app.run import untrusted
     from simulation import sweep
     from simulation.outputs import results
 
@@ -324,7 +324,7 @@ def test_sweep_and_preset_toml(tmp_path):
 
 def test_npz_records_refuse_pickles(tmp_path):
     """received.npz / client-K.npz / tail-K.npys holding a pickled object array: never unpickled."""
-    from fl_app.privacy import read_tail_truth
+    from fl_app.privacy.activations import read_tail_truth
     from simulation.privacy.attack import _pairs
 
     marker = tmp_path / "pwned"

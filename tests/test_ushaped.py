@@ -10,7 +10,7 @@
   prefix run; the clients' own audit (``privacy-record``) agrees reply for
   reply.
 * Every leg is charged: the requests' compute and transfer figures against
-  :class:`~fl_app.costs.BlockCosts` by hand.
+  :class:`~fl_app.learning.costs.BlockCosts` by hand.
 * Bad input is one line and exit 2; every strategy without a U-shaped form
   refuses it saying why.
 * U-shaped splitfed-v1 learns mnist-5k about as well as the prefix split on the
@@ -33,10 +33,10 @@ from torch import nn
 from fl_app import protocol as P
 from fl_app.client.state import slot_key
 from fl_app.client_app import app as real_app
-from fl_app.config import RunConfig
-from fl_app.errors import ConfigError
-from fl_app.task import load_task
-from fl_app.training import next_batch
+from fl_app.run.config import RunConfig
+from fl_app.run.errors import ConfigError
+from fl_app.learning.task import load_task
+from fl_app.learning.training import next_batch
 from simulation import cli
 from simulation.engine import run_inprocess
 from simulation.server_app import plan_run
@@ -197,7 +197,7 @@ def test_every_leg_is_timed_and_metered(tmp_path, monkeypatch):
     monkeypatch.setattr(Exchange, "send", lambda self, pid, req: sent.append(req) or real_send(self, pid, req))
     _run(tmp_path, strategy="vanilla-sl", **{"num-clients": 1, "concurrency": 1, "global-iterations": 1})
     task = load_task(RunConfig.from_mapping(BASE))
-    from fl_app.costs import BlockCosts
+    from fl_app.learning.costs import BlockCosts
 
     c = BlockCosts(task.profiles)
     train = [r for r in sent if r.action.startswith("train.")]
@@ -332,7 +332,7 @@ def measure(cfg: RunConfig):
     """Run ``cfg`` (U-shaped) in-process and score every gradient its clients returned (norm and direction
     scoring, :class:`simulation.privacy.label_leakage.TailGradients` around the ClientApp)."""
     from fl_app.client_app import app
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.privacy.label_leakage import TailGradients
 
     y = load_task(cfg).data.y_train.numpy()
@@ -361,7 +361,7 @@ def test_label_inference_reads_the_labels_and_max_norm_blurs_them(tmp_path, cuts
 def test_max_norm_noise_equalises_the_expected_norms():
     """Rows of norms 1, 2, 4 in d = 20000: after max-norm noise every squared norm is 16 within 3 %;
     the largest row is unchanged; the same seed gives the same noise."""
-    from fl_app.label_defence import defence_generator, max_norm_noise
+    from fl_app.privacy.label_defence import defence_generator, max_norm_noise
 
     d = 20000
     grad = torch.zeros(3, d)
@@ -385,7 +385,7 @@ def test_label_defence_needs_a_ushaped_split(tmp_path, capsys):
 def test_iso_noise_is_t_times_the_largest_norm():
     """Rows of norms 1, 2, 4 in d = 20000, t = 0.5: each row gets N(0, (0.5·4)²/d) per coordinate, drawn from
     the generator in row order (the same draws by hand), so every squared norm grows by 4 within 3 %."""
-    from fl_app.label_defence import defence_generator, iso_noise, perturb
+    from fl_app.privacy.label_defence import defence_generator, iso_noise, perturb
 
     d = 20000
     grad = torch.zeros(3, d)
@@ -418,7 +418,7 @@ def test_the_attack_reads_the_labels_off_what_the_server_recorded(tmp_path, caps
     direction scoring's reference example is the first recorded, which the orders of the two records differ on);
     direction scoring reads the labels (>= 0.85), iso noise at t = 4 brings it near chance (<= 0.65); a record
     that is not what a client sent is left out, and with none left the attack is one ConfigError."""
-    from fl_app.errors import ConfigError
+    from fl_app.run.errors import ConfigError
     from simulation.privacy.label_leakage import attack_run
     from simulation.privacy.attack import run_attack
 
@@ -453,7 +453,7 @@ def test_the_clients_records_are_appended_and_a_cut_short_end_is_left_out(tmp_pa
     """The tail record and the audit are appended one reply at a time (never read back on the node); reading
     them gives every whole reply in order, and leaves out a last one cut short (a client killed mid-write)."""
     from fl_app.client.audit import read_audit
-    from fl_app.privacy import append_tail_truth, read_tail_truth, tail_truth_path
+    from fl_app.privacy.activations import append_tail_truth, read_tail_truth, tail_truth_path
 
     grads = [torch.arange(6.0).reshape(2, 3), torch.ones(2, 1, 3)]
     labels = [torch.tensor([4, 7]), torch.tensor([1, 2])]

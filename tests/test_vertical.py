@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from fl_app import psi, vertical_party
-from fl_app import vertical as V
-from fl_app.config import RunConfig
+from fl_app.vertical import psi
+
+from fl_app.vertical import party as vertical_party
+from fl_app.vertical import models as V
+from fl_app.run.config import RunConfig
 from fl_app.data.vertical import PartyTable, load_vertical, read_party_csv
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation import cli
 from simulation.engine import InProcessGrid
 from simulation.vertical import run_vertical
@@ -371,20 +373,20 @@ def test_a_killed_run_resumes_from_its_checkpoint_without_psi_to_the_uninterrupt
 
 @needs_data
 def test_the_serverapp_resumes_a_killed_vertical_run(tmp_path, monkeypatch):
-    """Under ``flwr run`` (the ServerApp's :func:`~simulation.vertical_server.vertical_main`, here on an in-process
-    grid of the two parties): ``--run-config "resume='RUN_DIR' data-dir='...'"`` continues the killed run from its
-    checkpoint to the uninterrupted run's metrics."""
+    """Under ``flwr run`` (the ServerApp's main, here on an in-process grid of the two parties): ``--run-config
+    "resume='RUN_DIR' data-dir='...'"`` continues the killed run from its checkpoint to the uninterrupted run's
+    metrics."""
     from types import SimpleNamespace
 
+    from simulation import server_app
     from simulation.engine import _task_identity
-    from simulation.vertical_server import vertical_main
 
     run = _killed_run(tmp_path, monkeypatch)
     grid = InProcessGrid(vertical_party.app, 2, 0, [{vertical_party.PARTY: k} for k in (0, 1)])
     given = {"resume": str(run), "data-dir": str(DATA)}
     grid.run.override_config = given
     with _task_identity(grid.run.run_id):
-        assert vertical_main(grid, SimpleNamespace(run_config=given), None)
+        server_app.main(grid, SimpleNamespace(run_config=given))
     assert _metrics(run) == _metrics(tmp_path / "reference")
 
 

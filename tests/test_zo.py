@@ -10,7 +10,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from fl_app import protocol as P
-from fl_app.zo import direction, perturb_, perturbed_outputs, spsa_gradient, zo_seed
+from fl_app.learning.zo import direction, perturb_, perturbed_outputs, spsa_gradient, zo_seed
 from tests.conftest import make_cfg
 
 D = 5
@@ -81,13 +81,13 @@ def test_client_zo_step_by_hand(server_identity, one_torch_thread):
     -lr·(d/(2μP)) Σ diffs_p u_p, with no backward pass."""
     from fl_app.client.state import ZO_SEEDS, slot_key
     from fl_app.client_app import app
-    from fl_app.training import load_batch
+    from fl_app.learning.training import load_batch
     from simulation.engine import InProcessGrid
     from strategies.core.dispatcher import Request
     from strategies.core.base import SFLStrategy
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
 
     cfg = make_cfg(model="lenet5", cut_layer=3, num_clients=2, concurrency=2)
     task = load_task(cfg)
@@ -160,7 +160,7 @@ def test_mu_splitfed_learns_and_counts_seeds_not_vectors(tmp_path):
     # per client and round: a zo_forward (h, h+, h- of 32 samples + int64 labels) and the model upload
     import math
 
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
 
     task = load_task(make_cfg(model="lenet5", cut_layer=3, num_clients=4, concurrency=4))
     emb = 32 * math.prod(task.profiles[2].output_shape) * 4
@@ -173,7 +173,7 @@ def test_mu_splitfed_learns_and_counts_seeds_not_vectors(tmp_path):
 def test_zo_server_step_by_hand():
     """eq. 5 on a linear server: w ← w − lr·(d/(2μP)) Σ_p diffs_p u_p with the seeded u_p, and zo-clip
     scales the estimate to the clip's norm; no momentum, no weight decay."""
-    from fl_app.zo import zo_server_step
+    from fl_app.learning.zo import zo_server_step
 
     torch.manual_seed(0)
     model = nn.Linear(4, 3)
@@ -230,7 +230,7 @@ def test_zo_splitfed_is_mu_splitfed_at_tau_one(tmp_path):
 
 def test_zo_clients_clip_at_zo_clip_not_clip_norm():
     """clip-norm clips first-order steps; a ZO client's estimate is clipped at zo-clip (0: none)."""
-    from fl_app.task import load_task
+    from fl_app.learning.task import load_task
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
     from strategies.core.split import ZOFeedback
@@ -251,8 +251,8 @@ def test_zo_gas_server_step_is_zeroth_order():
     with the seeded server directions; the first-order server would move it differently."""
     import copy
 
-    from fl_app.task import load_task
-    from fl_app.zo import STREAM_ZO_SERVER, zo_server_step
+    from fl_app.learning.task import load_task
+    from fl_app.learning.zo import STREAM_ZO_SERVER, zo_server_step
     from simulation.timing.clocks import VirtualClock
     from simulation.timing.durations import ZeroTiming
     from strategies.algorithms.gas.strategy import GAS

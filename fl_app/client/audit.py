@@ -38,7 +38,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 
 from fl_app import protocol as P
 from fl_app.client.node import Node
-from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
+from fl_app.privacy.activations import EVALUATOR_DIR, PRIVACY_DIR
 
 #: The messages the audit does not check: the session's wrapper (its requests are checked one by one).
 UNCHECKED = ("query.session",)

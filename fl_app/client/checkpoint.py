@@ -19,17 +19,17 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from fl_app import protocol as P
 from fl_app.client.node import Node
 from fl_app.client.sealing import key_path, node_key, seal, unseal
-from fl_app.live import forget
+from fl_app.client.state import CHECKPOINT_IDENTITY
+from fl_app.client.live import forget
 
 
 def _key_and_partition(context: Context) -> tuple[bytes, int]:
-    """The node's checkpoint key (made on first use, :func:`~fl_app.client.sealing.node_key`) and its partition id
-    (a vertical party's: its party index, :func:`fl_app.vertical_party.checkpoint_identity`)."""
-    from fl_app.vertical_party import checkpoint_identity
-
-    vertical = checkpoint_identity(context)
-    if vertical is not None:
-        run_dir, pid = vertical
+    """The node's checkpoint key (made on first use, :func:`~fl_app.client.sealing.node_key`) and its partition id:
+    its :class:`~fl_app.client.node.Node`'s, or for a node without a task (a vertical party) those its
+    :data:`~fl_app.client.state.CHECKPOINT_IDENTITY` record names."""
+    if CHECKPOINT_IDENTITY in context.state:
+        ident = context.state[CHECKPOINT_IDENTITY]
+        run_dir, pid = str(ident["run-dir"]), int(ident["partition-id"])
     else:
         node = Node(context)
         run_dir, pid = str(node.cfg.get("output-dir")), node.partition_id
@@ -49,7 +49,7 @@ def query_checkpoint(msg: Message, context: Context) -> Message:
 
 def query_restore(msg: Message, context: Context) -> Message:
     """``query.restore``: replace the node's ``context.state`` with the state sealed in the request (opened with
-    the node's key, :func:`~fl_app.client.sealing.unseal`), and drop its live cache (:mod:`fl_app.live`), which
+    the node's key, :func:`~fl_app.client.sealing.unseal`), and drop its live cache (:mod:`fl_app.client.live`), which
     rebuilds its models from the restored state. Replies ``info`` ``{ok: True}``.
 
     Raises:

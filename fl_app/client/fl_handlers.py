@@ -2,7 +2,7 @@
 
 Both receive the whole model's weights. ``train.fit`` trains it locally for a
 number of steps on the node's own data (FedAvg, FedBuff, CA2FL;
-:func:`fl_app.training.local_fit`) and returns it; ``evaluate`` scores it on
+:func:`fl_app.learning.training.local_fit`) and returns it; ``evaluate`` scores it on
 the test set or on the node's own partition, for every strategy.
 """
 
@@ -14,7 +14,7 @@ from fl_app import protocol as P
 from fl_app.client.node import Node, node_and_config
 from fl_app.client.state import SAMPLER_KEY
 from fl_app.models import fixed_rng
-from fl_app.training import evaluate_model, local_fit
+from fl_app.learning.training import evaluate_model, local_fit
 
 
 def train_fit(msg: Message, context: Context) -> Message:

@@ -1,6 +1,6 @@
 """The clients' side of ``hide-client-models``: the fed server's role, played by the clients (issue 43).
 
-The server relays; the clients (:mod:`fl_app.hidden` has the cryptography):
+The server relays; the clients (:mod:`fl_app.privacy.hidden` has the cryptography):
 
 * seal their client-side uploads under the group key (:func:`sealed_reply`,
   the hook of :meth:`~fl_app.client.node.Node.weights_reply`);
@@ -8,12 +8,12 @@ The server relays; the clients (:mod:`fl_app.hidden` has the cryptography):
   aggregation weights, and average them themselves (:func:`open_bundle`, the
   hook of :meth:`~fl_app.client.slots.Slot.load_weights`). Every client
   decrypts the same ciphertexts and averages them in ascending partition id
-  with :func:`fl_app.averaging.weighted_average`, the server's own default
+  with :func:`fl_app.learning.averaging.weighted_average`, the server's own default
   rule, so all agree on the same float32 weights with no leader and no extra
   message. The first round's bundle holds no upload: the client-side model
   is then built from the group's hidden init seed.
 
-A bundle is :func:`fl_app.hidden.bundle_record`.
+A bundle is :func:`fl_app.privacy.hidden.bundle_record`.
 
 The node keeps its private key and the group secret in ``context.state``
 (:data:`STATE_KEY`), which is why checkpoints (which carry the whole state to
@@ -28,10 +28,10 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fl_app import protocol as P
-from fl_app.averaging import weighted_average
-from fl_app.hidden import MARK, SEALED, WEIGHT, GroupSecret, HiddenError, seal_state, unseal_state, upload_aad
+from fl_app.learning.averaging import weighted_average
+from fl_app.privacy.hidden import MARK, SEALED, WEIGHT, GroupSecret, HiddenError, seal_state, unseal_state, upload_aad
 from fl_app.models import BlockModel, build_model
-from fl_app.options import parse_cut_layers
+from fl_app.run.options import parse_cut_layers
 
 if TYPE_CHECKING:
     from fl_app.client.node import Node
@@ -117,7 +117,7 @@ def bundle_slots(node: Node, record: ArrayRecord) -> dict[str, ArrayRecord]:
 
 
 def sealed_reply(node: Node, model: BlockModel) -> RecordDict:
-    """A weights reply with the slot's state sealed under the group key (:data:`~fl_app.hidden.SEALED`,
+    """A weights reply with the slot's state sealed under the group key (:data:`~fl_app.privacy.hidden.SEALED`,
     one uint8 array named after the state's first tensor) and this node's example count."""
     state = model.state_dict()
     blob = seal_state(group_secret(node).key, state, upload_aad(node.partition_id))

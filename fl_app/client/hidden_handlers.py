@@ -8,7 +8,7 @@ server relays, :mod:`strategies.core.hidden`):
     its public key (``hidden/public``, uint8 ``[32]``).
 ``lead``
     to the lowest-id client, with the other members' public keys
-    (``hidden/public/{pid}``): it draws the :class:`~fl_app.hidden.GroupSecret`
+    (``hidden/public/{pid}``): it draws the :class:`~fl_app.privacy.hidden.GroupSecret`
     and replies it sealed for each member under their pairwise key
     (``hidden/envelope/{pid}``, uint8 ``[68]``).
 ``join``
@@ -16,7 +16,7 @@ server relays, :mod:`strategies.core.hidden`):
     (``hidden/public``, ``hidden/envelope``): the node opens and keeps the secret.
 ``evaluate``
     the server-side weights in plaintext (:data:`~fl_app.protocol.WEIGHTS`)
-    and the current bundle (:data:`~fl_app.hidden.BUNDLE`): the node puts the
+    and the current bundle (:data:`~fl_app.privacy.hidden.BUNDLE`): the node puts the
     whole model together and scores its shard of the test set (the test
     set's 1000-image chunks ``shard, shard + shards, ...``; ``limit``: only
     the first ``limit`` test images, 0 all); the reply's ``info`` holds the
@@ -31,7 +31,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from fl_app import protocol as P
 from fl_app.client.hidden import STATE_KEY, group_secret, open_bundle, store
 from fl_app.client.node import Node, acknowledgement
-from fl_app.hidden import (
+from fl_app.privacy.hidden import (
     BUNDLE,
     GroupSecret,
     HiddenError,
@@ -42,7 +42,7 @@ from fl_app.hidden import (
     seal,
     unseal,
 )
-from fl_app.training import evaluate_model
+from fl_app.learning.training import evaluate_model
 
 #: The request's and reply's ArrayRecord of keys and envelopes.
 KEYS = "hidden"

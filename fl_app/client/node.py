@@ -4,7 +4,7 @@
 message: its run configuration and task (cached per task record), its
 partition id (:func:`_partition_id`: from its ``node_config``, or assigned by
 the server in the handshake, :func:`query_info`), its torch device, its live
-cache (:mod:`fl_app.live`) and its model slots (:mod:`fl_app.client.slots`).
+cache (:mod:`fl_app.client.live`) and its model slots (:mod:`fl_app.client.slots`).
 It samples the node's own batches and draws the dropout seeds of its training
 forward passes.
 """
@@ -22,16 +22,16 @@ from fl_app import protocol as P
 from fl_app.client.hidden import hides, sealed_reply
 from fl_app.client.slots import Slot
 from fl_app.client.state import IDENTITY_KEY, RNG_KEY, RNG_SEED, SAMPLER_KEY, STREAM_DROPOUT
-from fl_app.config import RunConfig
-from fl_app.device import resolve_device, to_device
-from fl_app.errors import ConfigError
-from fl_app.live import live_cache
+from fl_app.run.config import RunConfig
+from fl_app.run.device import resolve_device, to_device
+from fl_app.run.errors import ConfigError
+from fl_app.client.live import live_cache
 from fl_app.models import BlockModel, draws_random
-from fl_app.numerics import establish
-from fl_app.privacy import NOISE_SEED, ActivationDefence, noise_seed, write_ground_truth
-from fl_app.task import Task, load_device_task, load_task
-from fl_app.training import next_batch
-from fl_app.zo import zo_seed
+from fl_app.run.numerics import establish
+from fl_app.privacy.activations import NOISE_SEED, ActivationDefence, noise_seed, write_ground_truth
+from fl_app.learning.task import Task, load_device_task, load_task
+from fl_app.learning.training import next_batch
+from fl_app.learning.zo import zo_seed
 
 #: A message config type of :mod:`fl_app.protocol` (``from_record``).
 C = TypeVar("C")
@@ -56,12 +56,12 @@ class Node:
         self.cfg, self.task = _device_task_of(task, data_dir) if data_dir else _task_of(task)
         #: this node's partition id (:data:`UNASSIGNED` only during the handshake, see :func:`_partition_id`)
         self.partition_id = _partition_id(context, self.cfg, need_id)
-        #: where this node computes: ``device`` in its node_config, else the run's key (:mod:`fl_app.device`)
+        #: where this node computes: ``device`` in its node_config, else the run's key (:mod:`fl_app.run.device`)
         self.device = resolve_device(str(context.node_config.get(NODE_DEVICE, "") or self.cfg.device))
-        #: the node's live models and graphs, where its state persists between messages (:mod:`fl_app.live`);
+        #: the node's live models and graphs, where its state persists between messages (:mod:`fl_app.client.live`);
         #: CPU nodes only (the cache builds its models on the CPU)
         self.live = live_cache(context.state) if self.device.type == "cpu" else None
-        #: the run's defences on uploaded activations (:mod:`fl_app.privacy`); None: off
+        #: the run's defences on uploaded activations (:mod:`fl_app.privacy.activations`); None: off
         self.defence = ActivationDefence.from_config(self.cfg)
 
     def on_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -126,7 +126,7 @@ class Node:
         """Sample the next own batch, run blocks ``[start, end)``, remember the batch (and its dropout seed);
         the reply's activations, and its labels unless ``labels`` is False (they stay on the node: U-shaped).
 
-        With defences on (:mod:`fl_app.privacy`) the activations are what the defence releases; with
+        With defences on (:mod:`fl_app.privacy.activations`) the activations are what the defence releases; with
         ``privacy-record`` the evaluator's ground truth of the batch is written too.
         """
         record, x, y = self.sample(batch_size)
@@ -200,7 +200,7 @@ def _task_of(record: ConfigRecord) -> tuple[RunConfig, Task]:
 
     ``RunConfig.from_mapping`` checks every key, which cost more than a small
     relay message's compute, so the configurations (and their tasks, from
-    :func:`~fl_app.task.load_task`) of the last few task records are kept,
+    :func:`~fl_app.learning.task.load_task`) of the last few task records are kept,
     matched by the records' contents, not their identity: a node whose state
     was copied (Ray, deployment) gets what a fresh computation gives. A
     record seen before (in-process, the same object in every message) is
@@ -283,7 +283,7 @@ def _data_dir(context: Context) -> str:
 def _device_task_of(record: ConfigRecord, data_dir: str) -> tuple[RunConfig, Task]:
     """The run configuration and the task of a node that holds its own data in ``data_dir``.
 
-    The task is :func:`~fl_app.task.load_device_task`'s (the run's model, the
+    The task is :func:`~fl_app.learning.task.load_device_task`'s (the run's model, the
     examples in ``data_dir``); the run's own ``data-dir`` is not read. Cached
     per record contents and directory.
 

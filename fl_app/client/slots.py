@@ -21,9 +21,9 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from fl_app import protocol as P
 from fl_app.client.hidden import bundle_slots
 from fl_app.client.state import MODEL_PARTS, slot_key
-from fl_app.hidden import is_bundle
+from fl_app.privacy.hidden import is_bundle
 from fl_app.models import BlockModel, fixed_rng
-from fl_app.training import (
+from fl_app.learning.training import (
     accumulate_gradients,
     clip_and_step,
     load_batch,
@@ -100,7 +100,7 @@ class Slot:
             ValueError: the stored weights lack some of these blocks.
         """
         stored = self.array("weights")
-        if self.node.live is not None:  # the node's live model, where its state persists (fl_app.live)
+        if self.node.live is not None:  # the node's live model, where its state persists (fl_app.client.live)
             model = self.node.live.checkout(self.node.task, self.store, start, end, stored, self.name)
             if model is not None:
                 return model
@@ -122,10 +122,10 @@ class Slot:
                     release: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """The training forward pass of the slot's stored batch (stored first), without its gradient
         (``seed``: its dropout seed, None for a model that draws none; ``release``: a defence applied to
-        the output, :mod:`fl_app.privacy`, whose ``train.backward`` always recomputes).
+        the output, :mod:`fl_app.privacy.activations`, whose ``train.backward`` always recomputes).
 
         Under ``no_grad``; or, where the node keeps live objects
-        (:mod:`fl_app.live`), with autograd on, keeping the graph for the
+        (:mod:`fl_app.client.live`), with autograd on, keeping the graph for the
         slot's ``train.backward`` (the same outputs either way).
         """
         live = self.node.live

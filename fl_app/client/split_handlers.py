@@ -6,12 +6,12 @@ relayed input (:class:`~fl_app.protocol.ForwardConfig`), and with
 recomputes the slot's stored forward pass (identical inputs: the augmentation
 is seeded by the step; identical dropout masks: every training forward pass
 runs under a stored seed, see :func:`fl_app.models.fixed_rng`), or reuses its
-live graph (:mod:`fl_app.live`), then applies the received gradient: clipped
+live graph (:mod:`fl_app.client.live`), then applies the received gradient: clipped
 and stepped at once, or accumulated (weighted) for a later ``train.step``.
-With a defence on (:mod:`fl_app.privacy`) the received gradient is w.r.t. the
+With a defence on (:mod:`fl_app.privacy.activations`) the received gradient is w.r.t. the
 released (clipped, noisy) activations, back-propagated through the release,
 plus NoPeek's ``α·dCor`` term. A U-shaped client's tail perturbs the gradient it
-returns with ``label-defence`` (:mod:`fl_app.label_defence`), after its own step
+returns with ``label-defence`` (:mod:`fl_app.privacy.label_defence`), after its own step
 on the exact gradient or, with ``label-defence-tail=perturbed``, before it, on
 ``∂L/∂logits``, so that its step and what it returns agree.
 """
@@ -25,11 +25,11 @@ from torch import nn
 from fl_app import protocol as P
 from fl_app.client.node import Node, acknowledgement, node_and_config
 from fl_app.client.state import RNG_KEY, RNG_SEED
-from fl_app.label_defence import defence_generator, perturb, tail_backward
-from fl_app.live import committing
+from fl_app.privacy.label_defence import defence_generator, perturb, tail_backward
+from fl_app.client.live import committing
 from fl_app.models import fixed_rng
-from fl_app.privacy import NOISE_SEED, append_tail_truth
-from fl_app.training import load_gradients
+from fl_app.privacy.activations import NOISE_SEED, append_tail_truth
+from fl_app.learning.training import load_gradients
 
 
 def _input_gradient_record(x: torch.Tensor, start: int) -> dict[str, ArrayRecord]:
@@ -122,7 +122,7 @@ def train_backward(msg: Message, context: Context) -> Message:
             acts = model(x)
     if acts.shape != grad.shape:
         raise ValueError(f"gradient shape {tuple(grad.shape)} != activation shape {tuple(acts.shape)}")
-    if node.defence is not None and start == 0:  # grad is w.r.t. the released activations (fl_app.privacy)
+    if node.defence is not None and start == 0:  # grad is w.r.t. the released activations (fl_app.privacy.activations)
         node.defence.objective(x, acts, grad, slot.batch.get(NOISE_SEED)).backward()
     else:
         acts.backward(grad)

@@ -36,7 +36,7 @@ slots** (:data:`fl_app.protocol.OWN_SLOT` for its own client-side model,
 Where a node's ``context.state`` is the same object from one message to the
 next (the in-process engine), the node also keeps its live models and the
 autograd graphs of its forward passes, only as a cache of what the state
-holds (:mod:`fl_app.live`). Nothing changes numerically; under Ray and in
+holds (:mod:`fl_app.client.live`). Nothing changes numerically; under Ray and in
 deployment nothing is kept.
 """
 
@@ -54,6 +54,10 @@ RNG_SEED = "rng-seed"
 STREAM_DROPOUT = 29
 #: ConfigRecord of the node state holding (``partition-id``) the id the server assigned at the handshake.
 IDENTITY_KEY = "node.identity"
+#: ConfigRecord of a node without a task (a vertical party, :mod:`fl_app.vertical.party`): ``run-dir`` and
+#: ``partition-id``, where its checkpoint key lives and the partition its sealed state is bound to
+#: (:mod:`fl_app.client.checkpoint`).
+CHECKPOINT_IDENTITY = "checkpoint.identity"
 #: The parts of a slot that make up its model (another slot's when it names a ``model_slot``).
 MODEL_PARTS = ("weights", "optimizer", "accum")
 

@@ -4,7 +4,7 @@ A ZO client never runs a backward pass: ``train.zo_forward`` returns the
 embeddings of a new batch, unperturbed and at ``w ± μ u_p`` for ``P`` seeded
 directions (MU-SplitFed eq. 4), and ``train.zo_update`` forms the SPSA
 estimate from the loss differences the server sends back and steps
-(:mod:`fl_app.zo`). The direction seeds are kept in the slot's batch record
+(:mod:`fl_app.learning.zo`). The direction seeds are kept in the slot's batch record
 (:data:`~fl_app.client.state.ZO_SEEDS`), never sent.
 """
 
@@ -16,10 +16,10 @@ from fl_app import protocol as P
 from fl_app.client.node import Node, node_and_config
 from fl_app.client.slots import Slot
 from fl_app.client.state import ZO_SEEDS
-from fl_app.device import to_device
-from fl_app.live import committing
+from fl_app.run.device import to_device
+from fl_app.client.live import committing
 from fl_app.models import BlockModel
-from fl_app.zo import STREAM_ZO_CLIENT, direction, num_parameters, perturbed_outputs, shapes_of, spsa_gradient, \
+from fl_app.learning.zo import STREAM_ZO_CLIENT, direction, num_parameters, perturbed_outputs, shapes_of, spsa_gradient, \
     trainable, zo_seed
 
 

@@ -14,7 +14,7 @@ Datasets:
 
 When the files are not found locally, the Hugging Face hub is tried (only after a
 short connectivity probe, so that an offline machine fails within seconds); when
-that fails too, :class:`~fl_app.errors.ConfigError` says where to put the files.
+that fails too, :class:`~fl_app.run.errors.ConfigError` says where to put the files.
 
 Partitioning uses the flwr-datasets partitioners over a label column; results
 depend only on the arguments and are cached.

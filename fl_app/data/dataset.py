@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 __all__ = ["DATASETS", "ImageDataset", "label_histogram"]
 

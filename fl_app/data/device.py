@@ -32,7 +32,7 @@ import numpy as np
 
 from fl_app.data import files
 from fl_app.data.dataset import DATASETS, ImageDataset, _make
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 __all__ = ["IDX_DATASETS", "INPUT_SHAPES", "load_device_dataset", "write_training_files"]
 
@@ -56,7 +56,7 @@ def _expected(name: str) -> str:
 
 
 def load_device_dataset(name: str, data_dir: str | os.PathLike[str]) -> ImageDataset:
-    """Read the training examples a device holds (not cached: see :func:`fl_app.task.load_device_task`).
+    """Read the training examples a device holds (not cached: see :func:`fl_app.learning.task.load_device_task`).
 
     Args:
         name: the run's dataset, one of :data:`~fl_app.data.DATASETS`; it

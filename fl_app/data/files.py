@@ -9,7 +9,7 @@
   strings and numbers and refuses every other global a pickle names (so a
   planted pickle runs no code).
 
-Corrupt files raise :class:`~fl_app.errors.ConfigError`; absent files make
+Corrupt files raise :class:`~fl_app.run.errors.ConfigError`; absent files make
 :func:`_load_local` return None so that the caller can try the hub.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fl_app.data.dataset import ImageDataset, _make
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 _IDX_FILES = (
     "train-images-idx3-ubyte",

@@ -3,7 +3,7 @@
 :func:`load_dataset` validates its arguments and dispatches between the sources
 in :mod:`fl_app.data.files` and :mod:`fl_app.data.hub`; results are cached per
 ``(name, resolved data_dir)``. When neither source has the data,
-:class:`~fl_app.errors.ConfigError` says where to put the files.
+:class:`~fl_app.run.errors.ConfigError` says where to put the files.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from fl_app.data import files, hub
 from fl_app.data.dataset import DATASETS, ImageDataset
 from fl_app.data.text import TEXT_DATASETS, TextDataset, load_text_dataset
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 __all__ = ["load_dataset"]
 

@@ -14,7 +14,7 @@ import warnings
 
 import numpy as np
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 # flwr-datasets reads FLWR_TELEMETRY_ENABLED when it is first imported (below, lazily), and its plotting
 # helper (partition.png) then posts a usage event. sflower makes no network call unless asked: off by default.

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from fl_app.data.dataset import index_tensor
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 __all__ = ["TEXT_DATASETS", "MAX_TOKENS", "TextDataset", "load_text_dataset"]
 

@@ -7,11 +7,11 @@ with the feature count each file must have, and ``vertical-fmnist``: Fashion-MNI
 split by columns of pixels across 2–4 parties (the label party holds the leftmost band and the labels).
 
 Every party then keeps a seeded random subset of its rows (``overlap``, the fraction each keeps), so
-the parties' ID sets overlap partially and must be aligned by PSI (:mod:`fl_app.psi`) before training.
+the parties' ID sets overlap partially and must be aligned by PSI (:mod:`fl_app.vertical.psi`) before training.
 
-Errors are one line (:class:`~fl_app.errors.ConfigError`): IDs missing, a feature count other than
+Errors are one line (:class:`~fl_app.run.errors.ConfigError`): IDs missing, a feature count other than
 the declared one, a label column at a feature party, duplicate IDs; an empty intersection is
-:func:`fl_app.psi.align`'s.
+:func:`fl_app.vertical.psi.align`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 ID_COLUMN, LABEL_COLUMN = "id", "y"
 

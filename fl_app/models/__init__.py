@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from fl_app.models.alexnet import alexnet, alexnet17, alexnet_gas
 from fl_app.models.blocks import BlockModel, draws_random, fixed_rng, split_model
 from fl_app.models.init import INITS, initialise

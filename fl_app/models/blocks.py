@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 
 class BlockModel(nn.Module):

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 #: MiniLM-L6's transformer layers and hidden width.
 MINILM_LAYERS, MINILM_DIM = 6, 384

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from fl_app.models.blocks import BlockModel
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 #: ViT-small hyper-parameters (GAS appendix: 6 layers, 8 heads, MLP 512, dropout 0.1).
 VIT_DIM, VIT_DEPTH, VIT_HEADS, VIT_MLP, VIT_DROPOUT, VIT_PATCH = 128, 6, 8, 512, 0.1, 4

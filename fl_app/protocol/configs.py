@@ -303,7 +303,7 @@ class ZOForwardConfig(OptimizerConfig):
 class ZOUpdateConfig(OptimizerConfig):
     """``train.zo_update``: the ``P`` loss differences ``diffs`` of the last
     ``train.zo_forward``; the node regenerates each ``u_p`` from its seed, forms
-    the SPSA estimate (:func:`fl_app.zo.spsa_gradient`), clips and steps. No
+    the SPSA estimate (:func:`fl_app.learning.zo.spsa_gradient`), clips and steps. No
     backward pass. ``next`` and ``batch_size`` as in :class:`BackwardConfig`;
     a piggybacked forward is a ``train.zo_forward`` with the same ``P`` and ``μ``.
     """

@@ -13,7 +13,7 @@ handlers (``handle``, the ClientApp itself) with this message's
 :class:`~flwr.app.Context`, and sends each reply back. The handlers keep
 the node's state in ``context.state`` as for any message, and, because the
 context is the same object for the whole session, the node's live models
-and graphs (:mod:`fl_app.live`) stay in memory between requests. When the
+and graphs (:mod:`fl_app.client.live`) stay in memory between requests. When the
 server closes the session the handler returns; Flower then stores the
 context, so ``context.state`` is written back once per session.
 """

@@ -4,7 +4,7 @@
 on one machine what a real deployment does on many (docs: how-to, deployment):
 
 1. each node's training data is written to ``RUN_DIR/data/partition-K``
-   (:func:`fl_app.task.write_partition_dirs`, the ``sflower partition`` code);
+   (:func:`fl_app.learning.task.write_partition_dirs`, the ``sflower partition`` code);
 2. TLS certificates are made with ``openssl`` (:data:`OPENSSL_COMMANDS`: a CA,
    and a server certificate for ``localhost``/``127.0.0.1`` signed by it) and
    one ECDSA P-384 key pair per SuperNode with ``ssh-keygen``

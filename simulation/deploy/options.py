@@ -2,7 +2,7 @@
 
 ``sflower deploy nodes=N [deploy options] [run-config KEY=VALUE ...]``: the
 deploy options are the keys of :data:`DEPLOY_DEFAULTS`; every other key is a
-run-config key (:func:`fl_app.config.installed_declarations`, a plugin's included).
+run-config key (:func:`fl_app.run.config.installed_declarations`, a plugin's included).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import RunConfig, installed_declarations, preset_values
-from fl_app.errors import ConfigError
-from fl_app.options import Option, core_option
-from fl_app.plugins import strategy_class
+from fl_app.run.config import RunConfig, installed_declarations, preset_values
+from fl_app.run.errors import ConfigError
+from fl_app.run.options import Option, core_option
+from fl_app.run.plugins import strategy_class
 
 #: The deploy options (the other ``KEY=VALUE`` pairs are run-config keys): typed, bounded and parsed as
-#: run-config keys are (:class:`~fl_app.options.Option`).
+#: run-config keys are (:class:`~fl_app.run.options.Option`).
 DEPLOY_OPTIONS: tuple[Option, ...] = (
     Option("nodes", 3, "authorised SuperNodes", at_least=1),
     Option("intruders", 0, "extra SuperNodes whose keys are not registered (need auth=true)", at_least=0),
@@ -134,7 +134,7 @@ def fresh_run_dir(given: str, default: str) -> Path:
 
 
 def coerce_opt(key: str, value: Any) -> Any:
-    """``value`` (a string) as the type of deploy option ``key`` (:meth:`fl_app.options.Option.coerce`).
+    """``value`` (a string) as the type of deploy option ``key`` (:meth:`fl_app.run.options.Option.coerce`).
 
     Raises:
         ConfigError: the value does not parse as that type (one line).

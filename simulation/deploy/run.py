@@ -14,8 +14,8 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import RunConfig, installed_declarations
-from fl_app.plugins import options_of, strategy_class
+from fl_app.run.config import RunConfig, installed_declarations
+from fl_app.run.plugins import options_of, strategy_class
 from simulation.deploy.cluster import Deployment
 from simulation.deploy.faults import Faults
 from simulation.deploy.keys import certificate_paths
@@ -80,7 +80,7 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
         DeployError: a process failed, the run failed, or ``timeout`` passed.
         KeyboardInterrupt: Ctrl-C or SIGTERM; every process is stopped first.
     """
-    from fl_app.task import write_partition_dirs
+    from fl_app.learning.task import write_partition_dirs
     from simulation.server_app import plan_run  # imported late: it loads torch
 
     o, cfg = options.opts, options.cfg

@@ -1,7 +1,7 @@
 """``sflower deploy strategy=vertical-sl``: one SuperNode per party, each with only its own party's CSV.
 
 SuperNode ``i`` (``partition-id=i``) is party ``i`` (0: the label party), or party ``i + 1`` with
-``label-party=server`` (:func:`fl_app.vertical_party.party_index`); its ``data-dir`` is ``RUN_DIR/data/party-K``
+``label-party=server`` (:func:`fl_app.vertical.party.party_index`); its ``data-dir`` is ``RUN_DIR/data/party-K``
 (:func:`fl_app.data.vertical.write_party_dirs`), which holds ``vertical/<its file>`` and nothing else. With
 ``label-party=server`` the ServerApp is the label party: its ``data-dir`` is ``RUN_DIR/data/party-0``, which holds
 the label party's CSV alone (:func:`server_run_config`), as Flower's own vertical-FL example's server holds the labels.
@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fl_app.config import RunConfig
+from fl_app.run.config import RunConfig
 from fl_app.data.vertical import write_party_dirs
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.vertical_server import check_vertical, parties_of
 
 

@@ -74,7 +74,7 @@ class RunRecorder:
         listeners: :class:`RunListener` objects (duck-typed) told of every row,
             the resume and the summary. A listener that raises is reported in
             one warning line and dropped; the run goes on.
-        machine: the machine and numerics mode (:func:`fl_app.numerics.machine_record`),
+        machine: the machine and numerics mode (:func:`fl_app.run.numerics.machine_record`),
             recorded in config.json and summary.json alike.
     """
 
@@ -129,7 +129,7 @@ class RunRecorder:
         Raises:
             ConfigError: metrics.csv is missing or holds fewer rows than ``rows``.
         """
-        from fl_app.errors import ConfigError
+        from fl_app.run.errors import ConfigError
 
         if not rows:
             return

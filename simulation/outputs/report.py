@@ -33,9 +33,9 @@ from typing import Any
 
 import pandas as pd
 
-from fl_app.config import given_or_default
-from fl_app.errors import ConfigError
-from fl_app.untrusted import read_json_table
+from fl_app.run.config import given_or_default
+from fl_app.run.errors import ConfigError
+from fl_app.run.untrusted import read_json_table
 from simulation.outputs.privacy_report import (attacked, plot_cut_layer, plot_label_leakage, plot_privacy,
                                                privacy_columns)
 from simulation.stats import Paired, mean_ci, paired

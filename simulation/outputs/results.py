@@ -16,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from fl_app.errors import ConfigError
-from fl_app.untrusted import read_json_table
+from fl_app.run.errors import ConfigError
+from fl_app.run.untrusted import read_json_table
 
 
 def expand(spec: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_app.config import given_or_default
-from fl_app.errors import ConfigError
-from fl_app.untrusted import read_json
+from fl_app.run.config import given_or_default
+from fl_app.run.errors import ConfigError
+from fl_app.run.untrusted import read_json
 from fl_app.models import BlockModel
 from simulation.outputs.records import RunListener
 
@@ -180,7 +180,7 @@ def evaluate_saved_model(target: str | Path, dataset: str | None = None, data_di
         dataset: the dataset whose test set is used (default: the run's).
         data_dir: its files (default: none: embedded or from the hub). A
             ``data-dir`` that ``model.json`` records is never read: the
-            user names it (:mod:`fl_app.untrusted`).
+            user names it (:mod:`fl_app.run.untrusted`).
         device: where to evaluate (``auto``, ``cpu``, ``cuda[:N]``).
 
     Returns:
@@ -194,9 +194,9 @@ def evaluate_saved_model(target: str | Path, dataset: str | None = None, data_di
             dataset whose image shape or class count differs from the model's.
     """
     from fl_app.data import load_dataset
-    from fl_app.device import resolve_device
-    from fl_app.task import normalised
-    from fl_app.training import evaluate_model
+    from fl_app.run.device import resolve_device
+    from fl_app.learning.task import normalised
+    from fl_app.learning.training import evaluate_model
 
     saved = load_saved_model(target)
     meta = saved.meta

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.outputs.records import RunListener
 
 #: The experiment trackers of the ``tracker`` key (implemented below).

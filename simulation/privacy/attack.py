@@ -47,12 +47,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_app.config import RunConfig
-from fl_app.options import Option
-from fl_app.errors import ConfigError
-from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR, read_tail_truth, tail_truth_path
-from fl_app.task import load_task
-from fl_app.untrusted import read_json_table, read_npz, run_dir_config
+from fl_app.run.config import RunConfig
+from fl_app.run.options import Option
+from fl_app.run.errors import ConfigError
+from fl_app.privacy.activations import EVALUATOR_DIR, PRIVACY_DIR, read_tail_truth, tail_truth_path
+from fl_app.learning.task import load_task
+from fl_app.run.untrusted import read_json_table, read_npz, run_dir_config
 from simulation.privacy.label_leakage import attack_run
 from simulation.outputs.saved_model import load_saved_model
 from simulation.privacy.inversion import save_grid, scores, to_pixels, train_decoder, train_shadow
@@ -61,7 +61,7 @@ from simulation.privacy.strongest import ServerHoldings, inversion_attacks, labe
 from strategies.core.registry import get_strategy
 
 #: The keys of ``sflower attack``, declared and parsed as run-config keys are
-#: (:class:`~fl_app.options.Option`: :meth:`~fl_app.options.Option.coerce`, :meth:`~fl_app.options.Option.validate`).
+#: (:class:`~fl_app.run.options.Option`: :meth:`~fl_app.run.options.Option.coerce`, :meth:`~fl_app.run.options.Option.validate`).
 ATTACK_OPTIONS: tuple[Option, ...] = (
     Option("aux", "holdout", "the attacker's auxiliary images: `holdout` (its own, disjoint from training) or `test`",
            choices=("holdout", "test")),
@@ -105,7 +105,7 @@ UNUSED_KEYS = ("session-certificate", "session-key", "session-ca")
 
 def _run_config(run_dir: Path, data_dir: str) -> RunConfig:
     """The run's configuration from ``config.json``, checked as untrusted input
-    (:func:`fl_app.untrusted.run_dir_config`); ``data_dir``: the user's ``data-dir``, which wins."""
+    (:func:`fl_app.run.untrusted.run_dir_config`); ``data_dir``: the user's ``data-dir``, which wins."""
     path = run_dir / "config.json"
     if not path.is_file():
         raise ConfigError(f"{run_dir}: no config.json (not a run directory)")

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fl_app.privacy import clip_rows
+from fl_app.privacy.activations import clip_rows
 
 #: Auxiliary examples per decoder/shadow training step.
 BATCH = 64
@@ -98,7 +98,7 @@ def train_decoder(client: nn.Module, x: torch.Tensor, epochs: int, gen: torch.Ge
 
     A defence-aware attacker (the run's ``act-clip`` and ``act-noise`` are in its configuration): with
     ``clip`` > 0 the activations are clipped per sample to that L2 norm
-    (:func:`fl_app.privacy.clip_rows`), and each training batch gets fresh ``N(0, noise_std²)`` noise
+    (:func:`fl_app.privacy.activations.clip_rows`), and each training batch gets fresh ``N(0, noise_std²)`` noise
     (from ``gen``), so that the decoder learns to invert what the defence releases."""
     client.eval()
     with torch.no_grad():

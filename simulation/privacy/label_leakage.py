@@ -52,10 +52,10 @@ from flwr.app import ConfigRecord, Context, Message
 
 from fl_app import protocol as P
 from fl_app.client.state import slot_key
-from fl_app.errors import ConfigError
-from fl_app.privacy import PRIVACY_DIR, read_tail_truth, tail_truth_path
-from fl_app.config import RunConfig
-from fl_app.untrusted import read_json_table, read_npz, run_dir_config
+from fl_app.run.errors import ConfigError
+from fl_app.privacy.activations import PRIVACY_DIR, read_tail_truth, tail_truth_path
+from fl_app.run.config import RunConfig
+from fl_app.run.untrusted import read_json_table, read_npz, run_dir_config
 
 #: The label attack's result file, under ``RUN_DIR/privacy/``.
 LABELS_JSON = "labels.json"
@@ -153,7 +153,7 @@ def attack_run(run_dir: str | Path, received: np.lib.npyio.NpzFile | None = None
     ``RUN_DIR/privacy/labels.json`` and returns its content.
 
     The server's rows of client K (``g-K`` of ``received.npz``, in arrival order) are scored only where they
-    are what the client sent (:func:`fl_app.privacy.read_tail_truth` of ``tail-K.npys``: equal shape and values, within 1e-6 relative, or
+    are what the client sent (:func:`fl_app.privacy.activations.read_tail_truth` of ``tail-K.npys``: equal shape and values, within 1e-6 relative, or
     within 10 % of the largest entry when ``compress-up`` is lossy), with that file's labels as the truth.
 
     Args:

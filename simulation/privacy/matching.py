@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from fl_app import protocol as P
-from fl_app.training import clip_and_step, make_sgd
+from fl_app.learning.training import clip_and_step, make_sgd
 
 
 def candidate_gradients(tail: nn.Module, z: torch.Tensor, num_classes: int, batch_size: int) -> torch.Tensor:

@@ -10,7 +10,7 @@ activations ``[B, ...]`` float32, ``y-K`` labels ``[B]`` int64 (prefix splits
 only), ``g-K`` the tail gradients ``[N, d]`` float32 (U-shaped only), for
 each client K. The matching originals are not the server's: each client
 writes them itself as the evaluator's ground truth
-(:func:`fl_app.privacy.write_ground_truth`, :func:`fl_app.privacy.append_tail_truth`).
+(:func:`fl_app.privacy.activations.write_ground_truth`, :func:`fl_app.privacy.activations.append_tail_truth`).
 
 In a U-shaped run it also writes what else the server legitimately holds of
 the tails (``RUN_DIR/privacy/tails.safetensors``, :data:`TAILS_FILE`: its
@@ -35,9 +35,9 @@ import numpy as np
 from flwr.app import RecordDict
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig
-from fl_app.errors import ConfigError
-from fl_app.privacy import EVALUATOR_DIR, PRIVACY_DIR
+from fl_app.run.config import RunConfig
+from fl_app.run.errors import ConfigError
+from fl_app.privacy.activations import EVALUATOR_DIR, PRIVACY_DIR
 
 #: The server's file of received activations, under ``RUN_DIR/privacy/``.
 RECEIVED_FILE = "received.npz"

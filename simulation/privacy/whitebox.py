@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fl_app.privacy import clip_rows
+from fl_app.privacy.activations import clip_rows
 
 #: The largest input size (C·H·W) whose affine operator is built as a dense matrix.
 MAX_DENSE_INPUT = 4096

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from flwr.serverapp import Grid
 
-from fl_app.config import RunConfig
-from fl_app.errors import ConfigError
+from fl_app.run.config import RunConfig
+from fl_app.run.errors import ConfigError
 
 if TYPE_CHECKING:
     from simulation.session.grid import SessionGrid

@@ -38,7 +38,7 @@ from typing import Any
 
 from flwr.app import RecordDict
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from fl_app.session.client import CHANNEL_OPTIONS, METHOD
 from fl_app.session.wire import FrameError, decode_frame, encode_frame
 from strategies.core.errors import NODE_UNAVAILABLE

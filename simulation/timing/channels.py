@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 __all__ = ["GAS_BANDWIDTH_HZ", "GAS_TX_POWER_W", "GAS_NOISE_W_PER_HZ", "path_loss_db", "channel_rate_bps"]
 

@@ -45,7 +45,7 @@ from typing import ClassVar, TypeVar
 
 import numpy as np
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.timing.channels import channel_rate_bps
 from simulation.timing.profiles import DeviceProfile, check_int
 

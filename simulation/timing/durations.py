@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.timing.profiles import DeviceProfile, check_int
 from strategies.core.clock import Timing
 
@@ -36,7 +36,7 @@ class DeviceTiming(Timing):
 
     What FLOPs to charge is the caller's choice (e.g. GAS reference-code
     accounting, ``batch-parallel``, charges one sample per pass: see
-    :class:`fl_app.costs.BlockCosts` and docs/explanation/design.md §6).
+    :class:`fl_app.learning.costs.BlockCosts` and docs/explanation/design.md §6).
 
     Args:
         profiles: one profile per client; partition ids must be unique.

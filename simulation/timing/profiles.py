@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from numbers import Integral
 from typing import TYPE_CHECKING, Any, Sequence
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover - only for type checkers
     import pandas as pd

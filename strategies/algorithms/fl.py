@@ -14,9 +14,9 @@ import torch
 from flwr.app import ArrayRecord
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig
+from fl_app.run.config import RunConfig
 from fl_app.models import BlockModel
-from fl_app.options import Option
+from fl_app.run.options import Option
 from strategies.core.aggregation import (
     AGGREGATION_OPTION,
     SERVER_LR_OPTION,

@@ -45,10 +45,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fl_app.config import RunConfig
-from fl_app.errors import ConfigError
-from fl_app.options import Option
-from fl_app.task import Task
+from fl_app.run.config import RunConfig
+from fl_app.run.errors import ConfigError
+from fl_app.run.options import Option
+from fl_app.learning.task import Task
 from strategies.core.errors import check_loss
 from strategies.algorithms.psl import PSL, per_client_losses
 from strategies.core.server_step import optimizer_step, set_gradient

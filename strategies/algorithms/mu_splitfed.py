@@ -2,7 +2,7 @@
 
 Source: the MU-SplitFed paper (Sec. 3, Algorithm 1). Its equations were
 lost in extraction; docs/explanation/design.md §7 fixes the standard form used here
-(SPSA with directions on the unit sphere, :mod:`fl_app.zo`).
+(SPSA with directions on the unit sphere, :mod:`fl_app.learning.zo`).
 
 One communication round (global iteration) with the cohort:
 
@@ -36,8 +36,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from fl_app.config import RunConfig
-from fl_app.options import Option
+from fl_app.run.config import RunConfig
+from fl_app.run.options import Option
 from strategies.core.aggregation import AGGREGATION_OPTION, SERVER_LR_OPTION
 from strategies.core.registry import register
 from strategies.core.split import ZO_OPTIONS, SyncSplitStrategy, copy_model

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from fl_app.options import Option
+from fl_app.run.options import Option
 from strategies.core.errors import check_loss
 from strategies.core.registry import register
 from strategies.core.server_step import step_on_loss

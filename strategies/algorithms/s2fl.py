@@ -27,8 +27,8 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from fl_app.options import Option
-from fl_app.errors import ConfigError
+from fl_app.run.options import Option
+from fl_app.run.errors import ConfigError
 from fl_app import protocol as P
 from strategies.core.aggregation import AGGREGATION_OPTION
 from strategies.core.dispatcher import Request

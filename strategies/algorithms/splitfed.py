@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fl_app import protocol as P
-from fl_app.options import Option
+from fl_app.run.options import Option
 from fl_app.models import BlockModel
 from strategies.core.aggregation import AGGREGATION_OPTION
 from strategies.core.registry import register

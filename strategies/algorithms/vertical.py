@@ -1,9 +1,9 @@
 """``vertical-sl``: vertical split learning with private set intersection (issue 45).
 
-The ServerApp coordinates and relays; the parties compute (:mod:`fl_app.vertical_party`). A run:
+The ServerApp coordinates and relays; the parties compute (:mod:`fl_app.vertical.party`). A run:
 
 1. **Handshake** (``info``): every node reports its party index; party 0 is the label party.
-2. **PSI** (:mod:`fl_app.psi`): round 1, the label party receives against each feature party (it
+2. **PSI** (:mod:`fl_app.vertical.psi`): round 1, the label party receives against each feature party (it
    learns each pairwise intersection ``I_k``; ``I = ∩ I_k``); round 2, each feature party receives
    against the label party's ``I`` and learns ``I`` only. The relay sees encrypted points and counts.
    The PSI's curve operations and bytes are charged on the virtual clock.
@@ -34,13 +34,13 @@ from typing import Any, ClassVar
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fl_app import psi
-from fl_app.config import RunConfig, defaults
-from fl_app.errors import ConfigError
-from fl_app.options import Option
+from fl_app.vertical import psi
+from fl_app.run.config import RunConfig, defaults
+from fl_app.run.errors import ConfigError
+from fl_app.run.options import Option
 from fl_app.protocol.records import record_bytes, record_tensor
-from fl_app.vertical import joined_width
-from fl_app.vertical_party import CFG, PARTY, handle
+from fl_app.vertical.models import joined_width
+from fl_app.vertical.party import CFG, PARTY, handle
 from strategies.core.checkpoint import Checkpointer
 from strategies.core.errors import RunFailedError
 from strategies.core.registry import register
@@ -287,7 +287,7 @@ def summary(s: VerticalSL, it: int, wall: float) -> dict[str, Any]:
 
 
 def align(s: VerticalSL) -> None:
-    """The two PSI rounds of ``s``'s parties through the relay (:func:`fl_app.psi.align`'s protocol, one
+    """The two PSI rounds of ``s``'s parties through the relay (:func:`fl_app.vertical.psi.align`'s protocol, one
     message at a time); their curve operations and bytes on the virtual clock.
 
     Raises:

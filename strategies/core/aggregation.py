@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from fl_app.averaging import weighted_average
-from fl_app.options import Option
+from fl_app.learning.averaging import weighted_average
+from fl_app.run.options import Option
 
 State = Mapping[str, torch.Tensor]
 

@@ -41,13 +41,13 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig, defaults
-from fl_app.options import Option
-from fl_app.plugins import options_of
-from fl_app.link import LinkCodecs, block_costs
-from fl_app.device import resolve_device, to_device
+from fl_app.run.config import RunConfig, defaults
+from fl_app.run.options import Option
+from fl_app.run.plugins import options_of
+from fl_app.cut.link import LinkCodecs, block_costs
+from fl_app.run.device import resolve_device, to_device
 from fl_app.models import BlockModel
-from fl_app.task import Task
+from fl_app.learning.task import Task
 from strategies.core import checkpoint as ckpt
 from strategies.core import metrics
 from strategies.core import progress as progress_bar
@@ -78,7 +78,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
     machinery that subclasses call (``send``, ``gather``, ``select``, ...):
 
     - ``name``, ``options``, ``run_with`` (class attributes): the registry name; the run-config keys the
-      class adds, a tuple of :class:`~fl_app.options.Option`; the settings its authors ran it with.
+      class adds, a tuple of :class:`~fl_app.run.options.Option`; the settings its authors ran it with.
     - ``d2d_bps`` (attribute): the rate (bits/s) of device-to-device hops (RingSFL sets it in ``__init__``).
     - ``check_config(cfg, task)`` (classmethod): raise ``ConfigError`` (one line) for a configuration it
       cannot run; called by ``plan_run`` before anything runs.
@@ -139,7 +139,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         self.metric_log = metrics.MetricLog()
         self.status = "running"
         self.run_seconds = 0.0
-        #: FLOPs and bits of block ranges, bits as the links' codecs encode them (:mod:`fl_app.link`)
+        #: FLOPs and bits of block ranges, bits as the links' codecs encode them (:mod:`fl_app.cut.link`)
         self.exchange.links = LinkCodecs.from_config(cfg)
         self.costs = block_costs(task, cfg.batch_parallel, self.exchange.links)
         #: typed configs to timed requests (:mod:`strategies.core.requests`)
@@ -167,7 +167,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
     def weights_only_links(cls, cfg: RunConfig) -> frozenset[str]:
         """The links (``"up"``, ``"down"``) on which this strategy, so configured, sends no float tensor but
         model weights: no activations, gradients or perturbations. A codec that leaves weights float32
-        (top-k) has nothing to do there, and :func:`fl_app.link.check_links` refuses it. The default: the
+        (top-k) has nothing to do there, and :func:`fl_app.cut.link.check_links` refuses it. The default: the
         downlink where clients train zeroth-order (``client-optimizer=zo``: loss differences, numbers in a
         config, and models go down, no gradient), else none."""
         return frozenset({"down"}) if cfg.get("client-optimizer") == "zo" else frozenset()
@@ -260,7 +260,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
 
     @property
     def device(self) -> torch.device:
-        """The server side's torch device: the ``device`` key resolved here (:mod:`fl_app.device`)."""
+        """The server side's torch device: the ``device`` key resolved here (:mod:`fl_app.run.device`)."""
         return resolve_device(self.cfg.device)
 
     def on_device(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ checked before it is used (a run directory is untrusted input; see
   bit-flipped file is refused before its state is parsed. (Anyone can
   recompute it: it detects corruption, it authenticates nothing. What keeps a
   crafted checkpoint harmless is the codec's allowlist and the checks of
-  :func:`loads` and of the configuration, :func:`fl_app.untrusted.run_dir_config`.)
+  :func:`loads` and of the configuration, :func:`fl_app.run.untrusted.run_dir_config`.)
 
 Objects of the run's environment (the task and its data, the
 configuration, clock, timing, recorder and grid) are not written: they are
@@ -57,7 +57,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from strategies.core import client_states, state_codec
 from strategies.core.errors import NODE_UNAVAILABLE, NodeLostError, RunFailedError
 from strategies.core.state_decoder import decode

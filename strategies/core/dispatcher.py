@@ -60,7 +60,7 @@ class Request:
             instead of as uplink; 0 for ordinary requests. Flower has no
             node-to-node channel, so the bytes really travel through the
             ServerApp; only the virtual clock charges them as one D2D hop.
-        wire: the content as sent (the downlink codec's encoding, :mod:`fl_app.link`); None: ``content``.
+        wire: the content as sent (the downlink codec's encoding, :mod:`fl_app.cut.link`); None: ``content``.
     """
 
     action: str

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_app.device import model_device
+from fl_app.run.device import model_device
 from fl_app.models import BlockModel
-from fl_app.training import evaluate_model
+from fl_app.learning.training import evaluate_model
 
 Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
 

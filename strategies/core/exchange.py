@@ -21,8 +21,8 @@ from typing import Any
 from flwr.app import RecordDict
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig
-from fl_app.link import LinkCodecs, decode
+from fl_app.run.config import RunConfig
+from fl_app.cut.link import LinkCodecs, decode
 from strategies.core.clock import Clock, Timing
 from strategies.core.dispatcher import SCHEDULED, Dispatcher, Pending, Reply, Request
 from strategies.core.client_states import last_line as _last_line
@@ -67,7 +67,7 @@ class Exchange:
         self.stray_replies: list[Reply] = []
         #: told the dispatcher's ``exchanges`` after each reply received, failed ones too (the progress bar)
         self.on_reply: Callable[[int], None] | None = None
-        #: the run's codecs at the cut (:mod:`fl_app.link`); None: float32 both ways, nothing encoded
+        #: the run's codecs at the cut (:mod:`fl_app.cut.link`); None: float32 both ways, nothing encoded
         self.links: LinkCodecs | None = None
         #: ``node-loss=rollback``: a client whose node is lost raises :class:`NodeLostError` instead of being excluded
         self.roll_back = False
@@ -96,7 +96,7 @@ class Exchange:
             the dispatcher's :class:`~strategies.core.dispatcher.Pending` entry.
         """
         assert self.dispatcher is not None
-        if self.links is not None:  # the one place the server encodes what goes down (fl_app.link)
+        if self.links is not None:  # the one place the server encodes what goes down (fl_app.cut.link)
             request.wire = self.links.encode(request.content, up=False, owner=pid)
         self.bytes_down += request.payload_bytes
         draw = self.draws[pid]
@@ -164,7 +164,7 @@ class Exchange:
             return self.exclude(pending, reason, False)
         content = reply.content
         sent = sum(P.record_bytes(r) for r in P.array_records(content).values()) if pending.request.metered else 0
-        if self.links is not None:  # the one place the server decodes what came up (fl_app.link)
+        if self.links is not None:  # the one place the server decodes what came up (fl_app.cut.link)
             content = decode(content)
         problem = self.validate(pid, pending.request, content)
         if problem is not None:

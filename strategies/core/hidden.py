@@ -6,7 +6,7 @@ from the public seed, sends them each round and averages them; with a tail's
 weights it infers labels by gradient matching, with a head's it inverts
 inputs. With it, the clients play SplitFed's *fed server* (Thapa et al.,
 AAAI 2022, §3) among themselves and the server only relays ciphertexts
-(:mod:`fl_app.hidden`, :mod:`fl_app.client.hidden`):
+(:mod:`fl_app.privacy.hidden`, :mod:`fl_app.client.hidden`):
 
 1. **Key agreement**, once, before the first evaluation: every client's
    X25519 public key up (``query.hidden keys``); the others' public keys to the
@@ -18,7 +18,7 @@ AAAI 2022, §3) among themselves and the server only relays ciphertexts
    first forward carries the *bundle*: the previous round's sealed uploads
    (the head's and, U-shaped, the tail's ciphertext per uploader) and their
    aggregation weights; each client averages them itself
-   (:func:`fl_app.averaging.weighted_average`, ascending id, the server's own
+   (:func:`fl_app.learning.averaging.weighted_average`, ascending id, the server's own
    default rule, so all clients agree bit for bit). The first round's bundle
    holds no upload: the clients build the initial client-side model from the
    hidden seed. The uploads at the end of the round are ciphertexts. Cost:
@@ -50,9 +50,9 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig
-from fl_app.errors import ConfigError
-from fl_app.hidden import BUNDLE, QUERY_HIDDEN, SEALED, bundle_record
+from fl_app.run.config import RunConfig
+from fl_app.run.errors import ConfigError
+from fl_app.privacy.hidden import BUNDLE, QUERY_HIDDEN, SEALED, bundle_record
 from strategies.core.base import SFLStrategy
 from strategies.core.dispatcher import Request
 from strategies.core.validation import ReplyProblem

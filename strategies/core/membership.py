@@ -22,7 +22,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig
+from fl_app.run.config import RunConfig
 from strategies.core.client_states import last_line as _last_line, round_trip
 from strategies.core.errors import NODE_UNAVAILABLE, DivergedError, RunFailedError
 

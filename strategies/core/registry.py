@@ -1,15 +1,15 @@
-"""The strategy registry of this floor: :mod:`fl_app.plugins`' catalogue, typed for strategies.
+"""The strategy registry of this floor: :mod:`fl_app.run.plugins`' catalogue, typed for strategies.
 
 A new algorithm is one class with a ``name``, findable by an entry point of the group
 ``sflower.strategies`` (how sflower's own strategies are found) or by
 ``strategy=package.module:Class``. :func:`register` is needed only where an entry point names a
 module (each class it registers) or for a class imported before the run without one. See
-:mod:`fl_app.plugins`.
+:mod:`fl_app.run.plugins`.
 """
 
 from __future__ import annotations
 
-from fl_app.plugins import GROUP, register, strategy_class, strategy_names
+from fl_app.run.plugins import GROUP, register, strategy_class, strategy_names
 
 __all__ = ["GROUP", "register", "get_strategy", "strategy_names"]
 

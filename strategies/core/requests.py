@@ -3,7 +3,7 @@
 :class:`RequestBuilder` turns a typed config (:mod:`fl_app.protocol.configs`)
 into a :class:`~strategies.core.dispatcher.Request`: the message content from
 :mod:`fl_app.protocol.requests`, and the FLOPs and bits the virtual clock
-charges, from :class:`~fl_app.costs.BlockCosts`. Every strategy builds its
+charges, from :class:`~fl_app.learning.costs.BlockCosts`. Every strategy builds its
 requests here, the split ones through :class:`~strategies.core.split.SplitMixin`'s
 shorthands, RingSFL's relay hops directly. :func:`optimizer_settings` is
 the one reading of the run's optimizer keys.
@@ -17,8 +17,8 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig
-from fl_app.costs import LABEL_BITS, BlockCosts
+from fl_app.run.config import RunConfig
+from fl_app.learning.costs import LABEL_BITS, BlockCosts
 from strategies.core.dispatcher import Request
 
 

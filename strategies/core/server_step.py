@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from fl_app.config import RunConfig
-from fl_app.training import clip_and_step
-from fl_app.zo import STREAM_ZO_SERVER, zo_seed, zo_server_step
+from fl_app.run.config import RunConfig
+from fl_app.learning.training import clip_and_step
+from fl_app.learning.zo import STREAM_ZO_SERVER, zo_seed, zo_server_step
 from strategies.core.errors import check_loss
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -27,7 +27,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, clip_norm: float,
                    backward: Callable[[], None]) -> None:
     """Zero ``opt``'s gradients, run ``backward`` (which fills the parameters' ``.grad``), clip at
-    ``clip_norm`` (0: none) and step (:func:`fl_app.training.clip_and_step`)."""
+    ``clip_norm`` (0: none) and step (:func:`fl_app.learning.training.clip_and_step`)."""
     opt.zero_grad(set_to_none=True)
     backward()
     clip_and_step(model, opt, clip_norm)
@@ -130,7 +130,7 @@ def activation_gradient(model: nn.Module, activations: torch.Tensor, labels: tor
 
 def zo_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: RunConfig, key: int, updates: int,
             lr: float) -> float:
-    """One ZO-SGD step of a server-side model (MU-SplitFed eq. 5, :func:`fl_app.zo.zo_server_step`).
+    """One ZO-SGD step of a server-side model (MU-SplitFed eq. 5, :func:`fl_app.learning.zo.zo_server_step`).
 
     Directions come from ``(seed, server stream, key, updates, p)`` for
     ``p < perturbations``; smoothing ``zo-smoothing``, clip ``zo-clip``.

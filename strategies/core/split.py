@@ -28,12 +28,12 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig
-from fl_app.options import Option
-from fl_app.errors import ConfigError
+from fl_app.run.config import RunConfig
+from fl_app.run.options import Option
+from fl_app.run.errors import ConfigError
 from fl_app.models import BlockModel
-from fl_app.task import Task
-from fl_app.training import make_sgd
+from fl_app.learning.task import Task
+from fl_app.learning.training import make_sgd
 from strategies.core.loops import SyncStrategy
 from strategies.core.dispatcher import Request
 from strategies.core.hidden import HiddenClientModels, SealedModels

@@ -14,8 +14,8 @@ Imports: ``fl_app`` and ``strategies``; nothing from ``simulation`` or ``benchma
 
 from __future__ import annotations
 
-from fl_app.config import RunConfig
-from fl_app.errors import ConfigError
+from fl_app.run.config import RunConfig
+from fl_app.run.errors import ConfigError
 from fl_app.models import TEXT_MODELS
 
 #: Strategy -> why it does not run on a text model (one line each).

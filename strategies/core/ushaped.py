@@ -46,10 +46,10 @@ from flwr.app import ArrayRecord
 from torch import nn
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig
-from fl_app.errors import ConfigError
+from fl_app.run.config import RunConfig
+from fl_app.run.errors import ConfigError
 from fl_app.models import BlockModel, split_model
-from fl_app.task import Task
+from fl_app.learning.task import Task
 from strategies.core.base import SFLStrategy
 
 #: The reason a strategy class that declares nothing gives (a plugin, say).

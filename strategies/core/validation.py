@@ -39,7 +39,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 from fl_app import protocol as P
 from fl_app.protocol import replies
-from fl_app.task import Task
+from fl_app.learning.task import Task
 from strategies.core.dispatcher import Request
 
 __all__ = ["ReplyChecker", "ReplyProblem"]

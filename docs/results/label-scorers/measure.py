@@ -9,8 +9,8 @@ import csv
 from pathlib import Path
 
 from fl_app.client_app import app
-from fl_app.config import RunConfig
-from fl_app.task import load_task
+from fl_app.run.config import RunConfig
+from fl_app.learning.task import load_task
 from simulation.engine import run_inprocess
 from simulation.privacy.label_leakage import TailGradients
 from simulation.server_app import plan_run

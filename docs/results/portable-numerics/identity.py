@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fl_app.numerics import PORTABLE_ENV
+from fl_app.run.numerics import PORTABLE_ENV
 from simulation.fingerprints import fingerprint
 
 SETTINGS = {

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from fl_app.options import Option
+from fl_app.run.options import Option
 from strategies.algorithms.splitfed import SplitFedV1
 
 

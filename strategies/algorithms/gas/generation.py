@@ -49,7 +49,7 @@ import math
 
 import torch
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from strategies.algorithms.gas.gaussian_factors import (
     WORK_DTYPE,
     LabelState,

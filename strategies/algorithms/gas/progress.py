@@ -24,8 +24,8 @@ import math
 
 import torch
 
-from fl_app.options import Option
-from fl_app.errors import ConfigError
+from fl_app.run.options import Option
+from fl_app.run.errors import ConfigError
 
 WEIGHTINGS = ("linear", "exponential", "polynomial")
 

@@ -28,9 +28,9 @@ import torch
 from flwr.app import ArrayRecord
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig
-from fl_app.options import Option
-from fl_app.errors import ConfigError
+from fl_app.run.config import RunConfig
+from fl_app.run.options import Option
+from fl_app.run.errors import ConfigError
 from strategies.core.dispatcher import Request
 
 #: The ``client-momentum`` option (GAS).

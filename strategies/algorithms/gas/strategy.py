@@ -35,9 +35,9 @@ import torch
 from torch import nn
 
 from fl_app import protocol as P
-from fl_app.task import Task, seeded_generator
-from fl_app.config import RunConfig
-from fl_app.options import Option
+from fl_app.learning.task import Task, seeded_generator
+from fl_app.run.config import RunConfig
+from fl_app.run.options import Option
 from strategies.core.aggregation import AGGREGATION_OPTION
 from strategies.core.loops import AsyncStrategy
 from strategies.core.dispatcher import Reply

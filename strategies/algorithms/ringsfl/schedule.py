@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fl_app.config import RunConfig
-from fl_app.errors import ConfigError
-from fl_app.task import Task
+from fl_app.run.config import RunConfig
+from fl_app.run.errors import ConfigError
+from fl_app.learning.task import Task
 
 #: Seed stream of the injected failures (``drop-per-round``).
 STREAM_RING_DROP = 37

@@ -77,10 +77,10 @@ import torch
 from flwr.app import RecordDict
 
 from fl_app import protocol as P
-from fl_app.config import RunConfig
-from fl_app.options import Option
+from fl_app.run.config import RunConfig
+from fl_app.run.options import Option
 from fl_app.models import BlockModel
-from fl_app.task import Task
+from fl_app.learning.task import Task
 from strategies.core.loops import SyncStrategy
 from strategies.core.dispatcher import Request
 from strategies.core.registry import register

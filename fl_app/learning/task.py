@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fl_app.config import RunConfig
+from fl_app.run.config import RunConfig
 from fl_app.data import (ImageDataset, label_histogram, load_dataset, load_device_dataset, parse_partition_sizes,
                          partition_indices)
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from fl_app.models import BlockModel, BlockProfile, build_model, profile_blocks, split_model
 
 #: Keys of the run configuration that define the task (data, partition, model).

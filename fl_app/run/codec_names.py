@@ -1,7 +1,7 @@
 """The names of the link codecs, the values of ``compress-up`` and ``compress-down``: the one list.
 
-:mod:`fl_app.compression` implements them (and re-exports :data:`CODECS`);
-:mod:`fl_app.options` declares the two keys with them as choices. The list
+:mod:`fl_app.cut.compression` implements them (and re-exports :data:`CODECS`);
+:mod:`fl_app.run.options` declares the two keys with them as choices. The list
 lives here, apart from the codecs' NumPy code, because the option
 declarations import with the standard library alone.
 """

@@ -1,7 +1,7 @@
 """The strategy catalogue: built-in strategies and plugins, found the same way.
 
 A strategy is a class with a ``name`` and, optionally, ``options``
-(:class:`~fl_app.options.Option` declarations). It becomes available in one
+(:class:`~fl_app.run.options.Option` declarations). It becomes available in one
 of three ways:
 
 * an entry point of the group :data:`GROUP` (``sflower.strategies``) in any
@@ -23,8 +23,8 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Any
 
-from fl_app.errors import ConfigError
-from fl_app.options import Option
+from fl_app.run.errors import ConfigError
+from fl_app.run.options import Option
 
 #: The entry-point group of strategy plugins (and of sflower's built-in strategies).
 GROUP = "sflower.strategies"

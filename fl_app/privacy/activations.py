@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 #: The batch-record key of a forward pass's noise seed (the slot's ``batch`` ConfigRecord).
 NOISE_SEED = "noise-seed"

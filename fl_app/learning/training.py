@@ -27,8 +27,8 @@ from fl_app.protocol import (
     state_record,
     tensor_array,
 )
-from fl_app.device import model_device, to_device
-from fl_app.task import Task, seeded_generator
+from fl_app.run.device import model_device, to_device
+from fl_app.learning.task import Task, seeded_generator
 
 #: Seed-stream tags, so that the streams drawn from one run seed never overlap.
 STREAM_SAMPLER = 7

@@ -18,7 +18,7 @@ expected squared norm is ``t²·‖g_max‖²`` for every row (Li et al.'s "iso"
 scales its noise by the largest gradient norm too; the parametrisation by
 ``t`` is sflower's).
 
-``label-defence=marvell`` is the paper's optimised noise (:mod:`fl_app.marvell`), with the power budget
+``label-defence=marvell`` is the paper's optimised noise (:mod:`fl_app.privacy.marvell`), with the power budget
 ``P = s·‖ḡ₁ − ḡ₀‖²``, ``s = label-power``. The paper's problem is binary; sflower's batches have up to ten
 classes, and its **multi-class extension is sflower's own, not the paper's**: a batch with exactly two
 classes is the paper's problem (the larger label positive); a batch with more is split into one-vs-rest
@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import torch
 
-from fl_app.task import seeded_generator
+from fl_app.learning.task import seeded_generator
 
 #: Seed-stream tag of the max-norm noise of a client's returned gradients.
 STREAM_LABEL_NOISE = 43
@@ -110,7 +110,7 @@ def marvell_noise(grad: torch.Tensor, labels: torch.Tensor, s: float, generator:
     Returns:
         a new tensor of ``grad``'s shape, dtype and device (``grad`` itself for a batch of one class).
     """
-    from fl_app.marvell import solve  # SciPy: only where Marvell runs
+    from fl_app.privacy.marvell import solve  # SciPy: only where Marvell runs
 
     flat = grad.detach().reshape(grad.shape[0], -1).double().cpu()
     y = labels.detach().cpu().reshape(-1)

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 #: The values ``device`` accepts besides ``cuda:N``.
 DEVICE_CHOICES = ("auto", "cpu", "cuda")

@@ -37,7 +37,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 #: The values of the ``numerics`` key.
 MODES = ("fast", "portable")

@@ -3,9 +3,9 @@
 An :class:`Option` is the one declaration of a key. The core keys that every
 strategy reads are :data:`CORE_OPTIONS`, here; a strategy declares its own on
 its class (``options = (Option(...), ...)``), built-in or plugin alike
-(:mod:`fl_app.plugins` finds them). Everything else is derived from the
-declarations: the defaults, the checks of :class:`fl_app.config.RunConfig`
-(one-line :class:`~fl_app.errors.ConfigError` messages), ``sflower
+(:mod:`fl_app.run.plugins` finds them). Everything else is derived from the
+declarations: the defaults, the checks of :class:`fl_app.run.config.RunConfig`
+(one-line :class:`~fl_app.run.errors.ConfigError` messages), ``sflower
 strategies``, the key reference of the docs and ``pyproject.toml``'s
 ``[tool.flwr.app.config]`` table (``sflower keys --check``).
 
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fl_app.codec_names import CODECS
-from fl_app.errors import ConfigError
+from fl_app.run.codec_names import CODECS
+from fl_app.run.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class Option:
 
 
 def _check_numerics(value: str) -> None:
-    from fl_app.numerics import check_mode
+    from fl_app.run.numerics import check_mode
 
     check_mode(value)
 
@@ -159,7 +159,7 @@ def _check_cut_layers(value: str) -> None:
 
 
 def _check_device(value: str) -> None:
-    from fl_app.device import check_device_name
+    from fl_app.run.device import check_device_name
 
     check_device_name(value)
 
@@ -284,7 +284,7 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "uploads. `none` (float32), `fp16`, `bf16`, `int8` (affine, per tensor, with a zero-point), `int8-channel` "
            "(per channel: dim 1 of batched tensors, dim 0 of weights), `topk` (the `topk-ratio` largest magnitudes, "
            "with error feedback; model weights stay float32); `bytes_up` and the virtual clock count the encoded bytes, scales and indices "
-           "included (see fl_app/compression.py)", choices=CODECS,
+           "included (see fl_app/cut/compression.py)", choices=CODECS,
            source="top-k with error feedback: Stich et al., NeurIPS 2018; int8: PyTorch's affine quantisation"),
     Option("compress-down", "none", "codec of what the server sends down: gradients, relayed activations, model "
            "downloads; the values of `compress-up`", choices=CODECS),

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fl_app.device import to_device
+from fl_app.run.device import to_device
 
 #: Seed-stream tags of ZO directions (client side and server side).
 STREAM_ZO_CLIENT = 19

@@ -9,7 +9,7 @@ index is its ``node_config`` ``vertical-party`` (0: the label party); it reads o
 ``op``             what the party does (state in ``context.state``)
 =================  ========================================================================
 ``info``           reply its index, rows, feature count, whether it holds labels
-``psi_request``    PSI receiver, step 1 (:class:`fl_app.psi.Receiver`; the key stays here)
+``psi_request``    PSI receiver, step 1 (:class:`fl_app.vertical.psi.Receiver`; the key stays here)
 ``psi_respond``    PSI sender, step 2, over its own IDs (feature party) or the intersection
                    (label party, round 2)
 ``psi_intersect``  PSI receiver, step 3: the label party narrows its shared set; a feature
@@ -27,10 +27,10 @@ index is its ``node_config`` ``vertical-party`` (0: the label party); it reads o
 A checkpoint (``checkpoint-every``) takes a party's whole ``context.state`` (its models, its aligned rows and
 the label party's split: the PSI's result) with ``query.checkpoint``, sealed on the node under its party
 index, and ``query.restore`` puts it back at a resume (:mod:`fl_app.client.checkpoint`, as for every strategy;
-:func:`checkpoint_identity` says who the node is).
+:data:`~fl_app.client.state.CHECKPOINT_IDENTITY` says who the node is).
 
 What a feature party ever receives: PSI messages (encrypted points), positions in the aligned order
-and gradients; never an ID outside the intersection (:mod:`fl_app.psi`).
+and gradients; never an ID outside the intersection (:mod:`fl_app.vertical.psi`).
 """
 
 from __future__ import annotations
@@ -50,11 +50,12 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from fl_app import psi
-from fl_app import vertical as V
+from fl_app.vertical import psi
+from fl_app.vertical import models as V
 from fl_app.client.checkpoint import query_checkpoint, query_restore
+from fl_app.client.state import CHECKPOINT_IDENTITY
 from fl_app.data.vertical import load_party, party_count
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from fl_app.protocol.codec import tensor_array
 from fl_app.protocol.records import (
     record_state,
@@ -146,6 +147,8 @@ def handle(content: RecordDict, state: RecordDict, node_config: dict[str, Any]) 
     if "run" in cfg:  # the run's settings arrive with every message; kept for the node's later messages
         state[CFG] = ConfigRecord({k: v for k, v in cfg.items() if k not in ("op", "blob", "source", "phase")})
     op, party = str(cfg["op"]), Party(state, node_config, state[CFG])
+    if "run" in cfg:  # who this node is for its sealed checkpoint state (fl_app.client.checkpoint)
+        state[CHECKPOINT_IDENTITY] = ConfigRecord({"run-dir": str(cfg["run-dir"]), "partition-id": party.index})
     if op == "info":
         return RecordDict({CFG: ConfigRecord({"party": party.index, "rows": len(party.table.ids),
                                               "features": int(party.table.x.shape[1]),
@@ -240,11 +243,11 @@ def _train(party: Party, op: str, content: RecordDict) -> RecordDict:
 
 def _released(cfg: ConfigRecord, grads: list[torch.Tensor], y: torch.Tensor) -> tuple[list[torch.Tensor], float]:
     """The gradients as the label party releases them (``label-defence``: none, max-norm, iso, Marvell; Li et al.
-    2022, :mod:`fl_app.label_defence`), and the noise's mean squared norm per row, summed over the parties."""
+    2022, :mod:`fl_app.privacy.label_defence`), and the noise's mean squared norm per row, summed over the parties."""
     defence = str(cfg["defence"])
     if defence == "none":
         return grads, 0.0
-    from fl_app.label_defence import defence_generator, perturb
+    from fl_app.privacy.label_defence import defence_generator, perturb
 
     strength = float(cfg["noise"]) if defence == "iso" else float(cfg["power"])
     out = [perturb(g, defence, strength, defence_generator(int(cfg["seed"]), k, int(cfg["iteration"])), labels=y)
@@ -259,15 +262,6 @@ app = ClientApp()
 def query_vertical(msg: Message, context: Context) -> Message:
     """``query.vertical``: one operation of a vertical party (:func:`handle`)."""
     return Message(handle(msg.content, context.state, dict(context.node_config)), reply_to=msg)
-
-
-def checkpoint_identity(context: Context) -> tuple[str, int] | None:
-    """``(run directory, party index)`` of a vertical party, for its sealed checkpoint state
-    (:mod:`fl_app.client.checkpoint`: the key's place and the seal's partition); None for a node that is not one."""
-    if CFG not in context.state:
-        return None
-    cfg = context.state[CFG]
-    return str(cfg.get("run-dir", "")), party_index(dict(context.node_config), str(cfg["label-holder"]))
 
 
 app.query("checkpoint")(query_checkpoint)  # the party's whole state, sealed (fl_app.client.checkpoint)

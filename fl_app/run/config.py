@@ -1,8 +1,8 @@
 """The run configuration: the keys of a run, resolved from the user's, a preset's and the declared defaults.
 
-Every key is declared once, as an :class:`~fl_app.options.Option`: the core
-keys in :data:`fl_app.options.CORE_OPTIONS`, a strategy's own on its class
-(built-in or plugin, :mod:`fl_app.plugins`). :class:`RunConfig` derives its
+Every key is declared once, as an :class:`~fl_app.run.options.Option`: the core
+keys in :data:`fl_app.run.options.CORE_OPTIONS`, a strategy's own on its class
+(built-in or plugin, :mod:`fl_app.run.plugins`). :class:`RunConfig` derives its
 defaults, types and checks from them. ``pyproject.toml``'s
 ``[tool.flwr.app.config]`` table (Flower requires every run-config key there)
 is generated from the same declarations: ``sflower keys --write``; a test
@@ -32,9 +32,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fl_app.errors import ConfigError
-from fl_app.options import CORE_OPTIONS, Option, core_option, parse_cut_layers
-from fl_app.plugins import installed_options, options_of, strategy_class, strategy_names
+from fl_app.run.errors import ConfigError
+from fl_app.run.options import CORE_OPTIONS, Option, core_option, parse_cut_layers
+from fl_app.run.plugins import installed_options, options_of, strategy_class, strategy_names
 
 #: The core keys, in declaration order.
 CORE_KEYS: tuple[str, ...] = tuple(opt.key for opt in CORE_OPTIONS)
@@ -224,7 +224,7 @@ class RunConfig:
 
 def strategy_reads(cls: type) -> frozenset[str]:
     """The keys strategy class ``cls`` reads: the core keys (:data:`CORE_KEYS`) and those its class and
-    its bases declare (:func:`~fl_app.plugins.options_of`), built-in or plugin alike."""
+    its bases declare (:func:`~fl_app.run.plugins.options_of`), built-in or plugin alike."""
     return frozenset(CORE_KEYS) | {opt.key for opt in options_of(cls)}
 
 

@@ -1,13 +1,13 @@
 """The seam at the cut: what a message's tensors become on the wire, in one place per side.
 
-The run's ``compress-up`` codec (:mod:`fl_app.compression`)
+The run's ``compress-up`` codec (:mod:`fl_app.cut.compression`)
 encodes what the clients send up (activations, input gradients, ZO
 perturbation stacks, model uploads), ``compress-down`` what the server sends
 down (gradients, relayed activations, model downloads). The encoded tensors
 replace the float32 ones in the same ArrayRecords (``name`` and
 ``name::part`` arrays), so they are what Flower carries, what
 ``bytes_up``/``bytes_down`` count and what the virtual clock charges
-(:class:`~fl_app.costs.BlockCosts` with the same codecs).
+(:class:`~fl_app.learning.costs.BlockCosts` with the same codecs).
 
 Where it happens, and nowhere else:
 
@@ -16,7 +16,7 @@ Where it happens, and nowhere else:
   :data:`UPLINK_STAGES`, the client's uplink pipeline (now only
   ``compress``). A stage is a function ``(links, content, owner) -> content``;
   the order is the tuple's. The activation defences (clipping and noise,
-  :mod:`fl_app.privacy`) are not a stage: they run inside the client's
+  :mod:`fl_app.privacy.activations`) are not a stage: they run inside the client's
   forward pass, before this pipeline, because the noise must be seeded by the
   forward pass and the client's ``train.backward`` must recompute exactly
   what it sent, which a stage without the node's state could not do;
@@ -43,9 +43,9 @@ import torch
 from flwr.app import Array, ArrayRecord, RecordDict
 
 from fl_app import protocol as P
-from fl_app.compression import Codec, decode_arrays, is_encoded, make_codec
-from fl_app.costs import BlockCosts
-from fl_app.errors import ConfigError
+from fl_app.cut.compression import Codec, decode_arrays, is_encoded, make_codec
+from fl_app.learning.costs import BlockCosts
+from fl_app.run.errors import ConfigError
 from fl_app.protocol.codec import DeferredArray, encode_array, view_array
 
 #: Records whose float32 arrays a link encodes, with the int8-channel axis (1: batched, 0: weights).
@@ -65,7 +65,7 @@ class LinkCodecs:
 
     @classmethod
     def from_config(cls, cfg: Any) -> LinkCodecs | None:
-        """The codecs of a :class:`~fl_app.config.RunConfig` (``compress-up``, ``compress-down``,
+        """The codecs of a :class:`~fl_app.run.config.RunConfig` (``compress-up``, ``compress-down``,
         ``topk-ratio``); None when both links send float32 (the lossless path, untouched).
 
         Raises:
@@ -114,7 +114,7 @@ def check_links(strategy: str, weights_only: frozenset[str], cfg: Any) -> None:
 
 
 def block_costs(task: Any, batch_parallel: bool, links: LinkCodecs | None) -> BlockCosts:
-    """The run's :class:`~fl_app.costs.BlockCosts` (``task``: a :class:`~fl_app.task.Task`), charging the
+    """The run's :class:`~fl_app.learning.costs.BlockCosts` (``task``: a :class:`~fl_app.learning.task.Task`), charging the
     links' encoded sizes; with ``links`` None exactly the float32 figures of before."""
     if links is None:
         return BlockCosts(task.profiles, batch_parallel)
@@ -176,7 +176,7 @@ def _compress(links: LinkCodecs, content: RecordDict, owner: object) -> RecordDi
 
 
 #: The client's uplink pipeline, in order: ``(name, stage)``; each stage maps float32 content to content.
-#: ``compress`` must stay last. (The activation defences run earlier, in the forward pass: fl_app.privacy.)
+#: ``compress`` must stay last. (The activation defences run earlier, in the forward pass: fl_app.privacy.activations.)
 UPLINK_STAGES: tuple[tuple[str, Callable[[LinkCodecs, RecordDict, object], RecordDict]], ...] = (
     ("compress", _compress),
 )

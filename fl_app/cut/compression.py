@@ -2,7 +2,7 @@
 
 Every tensor a split or FL message carries is float32 unless the
 run's ``compress-up`` / ``compress-down`` keys name a codec for that link
-(:class:`fl_app.link.LinkCodecs` applies them at the seam). A codec turns one
+(:class:`fl_app.cut.link.LinkCodecs` applies them at the seam). A codec turns one
 float32 array into a few plain NumPy arrays that travel as Flower
 :class:`~flwr.app.Array` entries of the same ArrayRecord, under the tensor's
 name and ``name::part`` names:
@@ -56,7 +56,7 @@ the split (a sender-side ``compress`` returning plain arrays, a receiver-side
 computed per tensor only.
 
 **Compute cost** of encoding and decoding is not charged to the virtual clock:
-measured with ``python -m fl_app.compression`` (this machine: 2 shared CPU
+measured with ``python -m fl_app.cut.compression`` (this machine: 2 shared CPU
 cores, torch 2.13 CPU) on a GAS-sized activation batch (32×64×7×7 float32,
 100,352 values: AlexNet's output at cut 2, GAS's default, for 32 MNIST images), encode plus
 decode took 0.6 ms (fp16), 1.0 ms (bf16), 1.0 ms (int8), 0.6 ms (int8-channel),
@@ -72,8 +72,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from fl_app.codec_names import CODECS as CODECS  # re-exported: the codec names (compress-up, compress-down)
-from fl_app.errors import ConfigError
+from fl_app.run.codec_names import CODECS as CODECS  # re-exported: the codec names (compress-up, compress-down)
+from fl_app.run.errors import ConfigError
 
 #: Separator of a tensor's name and the name of one of its encoded parts.
 SEP = "::"

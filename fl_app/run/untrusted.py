@@ -8,10 +8,10 @@ is checked like the keys a user types, and more:
 * :func:`read_npz`: an ``.npz`` record, with ``allow_pickle=False``;
 * :func:`read_json`: a JSON file of at most :data:`MAX_JSON_BYTES`, its
   nesting too deep, its bytes not UTF-8 or not JSON: one-line
-  :class:`~fl_app.errors.ConfigError`;
+  :class:`~fl_app.run.errors.ConfigError`;
 * :func:`run_dir_config`: the recorded configuration must be a flat table of
-  scalar values (finite numbers, strings without control characters) whose keys and values pass :class:`~fl_app.config.RunConfig`'s
-  checks (the :class:`~fl_app.options.Option` declarations: unknown keys, bad
+  scalar values (finite numbers, strings without control characters) whose keys and values pass :class:`~fl_app.run.config.RunConfig`'s
+  checks (the :class:`~fl_app.run.options.Option` declarations: unknown keys, bad
   types, out-of-range values). Beyond that, nothing it names is opened or
   imported unless the user names it: a key of :data:`PATH_KEYS` other than its
   default (``data-dir``, the session's TLS files), a plugin strategy
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from fl_app.config import RunConfig, parse_strategy_options, preset_names
-from fl_app.errors import ConfigError
-from fl_app.options import CORE_OPTIONS
+from fl_app.run.config import RunConfig, parse_strategy_options, preset_names
+from fl_app.run.errors import ConfigError
+from fl_app.run.options import CORE_OPTIONS
 
 #: The largest JSON file of a run directory that is read (bytes); sflower's own are kilobytes.
 MAX_JSON_BYTES = 64 * 2**20
@@ -111,7 +111,7 @@ def run_dir_config(saved: Any, source: str, user: Mapping[str, Any] | None = Non
 
     Returns:
         ``saved`` with hyphenated keys, ``ignore`` keys reset; ``{**result, **user}`` passes
-        :meth:`RunConfig.from_mapping <fl_app.config.RunConfig.from_mapping>`.
+        :meth:`RunConfig.from_mapping <fl_app.run.config.RunConfig.from_mapping>`.
 
     Raises:
         ConfigError: not a flat table of scalar values; a key of :data:`PATH_KEYS`, a plugin strategy or a preset

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 
 #: The PSI backends, the first that imports being the default (``psi-backend=auto``).
 BACKENDS = ("openmined", "dh")

@@ -29,9 +29,9 @@ class BlockCosts:
         profiles: per-block profiles (:func:`fl_app.models.profile_blocks`).
         batch_parallel: GAS reference-code accounting (docs/explanation/design.md §6): a batch
             costs one sample's FLOPs, as if processed in parallel.
-        up: the uplink codec (:class:`fl_app.compression.Codec`, ``compress-up``); None: float32.
-            Uploads are charged its :meth:`~fl_app.compression.Codec.nbytes`, exactly the bytes
-            :mod:`fl_app.link` puts in the reply.
+        up: the uplink codec (:class:`fl_app.cut.compression.Codec`, ``compress-up``); None: float32.
+            Uploads are charged its :meth:`~fl_app.cut.compression.Codec.nbytes`, exactly the bytes
+            :mod:`fl_app.cut.link` puts in the reply.
         down: the downlink codec (``compress-down``); None: float32.
         param_shapes: per block, ``(shape, itemsize, is_float32)`` of each state-dict tensor: what an
             encoded model upload is charged by (needed only with ``up``).
