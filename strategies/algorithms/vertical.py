@@ -210,9 +210,10 @@ class VerticalSL:
 
     @property
     def run_dir(self) -> str:
-        """The run directory, where a party node without a ``state-dir`` keeps its checkpoint key ("" without
-        checkpoints)."""
-        return str(Path(self.checkpoint_path).parent) if self.checkpoint_path is not None else ""
+        """The run directory, where a party node without a ``state-dir`` keeps its checkpoint key: that of the
+        checkpoint written or resumed from ("" without either)."""
+        path = self.checkpoint_path if self.checkpoint_path is not None else self.resume_from
+        return str(Path(path).parent) if path is not None else ""
 
     @property
     def parties(self) -> int:
