@@ -596,3 +596,27 @@ def test_deployed_with_the_server_as_label_party_writes_the_in_process_metrics(t
     assert [sorted(p.name for p in (run / "data" / f"party-{k}").rglob("*") if p.is_file()) for k in (0, 1)] == \
         [["breast_hetero_guest.csv"], ["breast_hetero_host.csv"]]
     assert _metrics(run / "out") == _metrics(tmp_path / "inproc") and len(_metrics(run / "out")) == 3
+
+
+@pytest.mark.e2e
+@needs_data
+def test_a_deployed_serverapp_killed_and_resumed_writes_the_in_process_metrics(tmp_path):
+    """``sflower deploy ... checkpoint-every=50 kill-server-after=1``: the ServerApp is SIGKILLed once a checkpoint
+    is on disk and ``flwr run`` starts again with ``resume``; the parties' states come back from the checkpoint
+    (sealed on their SuperNodes) and metrics.csv equals the uninterrupted in-process run's but for wall time."""
+    from simulation.deploy.options import parse_deploy_args
+    from simulation.deploy.processes import flower_binaries_missing
+    from simulation.deploy.run import deploy
+
+    if flower_binaries_missing():
+        pytest.skip("Flower's binaries are not installed")
+    keys = {"strategy": "vertical-sl", "dataset": "vertical-breast", "data-dir": str(DATA), "global-iterations": 300,
+            "eval-every": 50, "batch-size": 32, "lr": 0.1, "vertical-overlap": 0.9, "psi-backend": "dh"}
+    run_vertical(RunConfig.from_mapping({**keys, "output-dir": str(tmp_path / "inproc")}), VerticalSL)
+    s = deploy(parse_deploy_args({**{k: str(v) for k, v in keys.items()}, "checkpoint-every": "50", "nodes": "2",
+                                  "kill-server-after": "1", "fast": "true", "timeout": "400",
+                                  "run-dir": str(tmp_path / "run")}), quiet=True)
+    events = [e["event"] for e in s["deploy"]["events"]]
+    assert any(e.startswith("killed the ServerApp") for e in events) and "restarted the ServerApp with resume" in events
+    assert s["status"] == "completed"
+    assert _metrics(Path(s["deploy"]["run_dir"]) / "out") == _metrics(tmp_path / "inproc")
