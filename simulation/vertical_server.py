@@ -62,7 +62,8 @@ def check_vertical(cfg: RunConfig) -> None:
     """Refuse, in one line, a configuration a vertical run cannot take.
 
     Raises:
-        ConfigError: a dataset that is not vertical, ``vertical-parties`` other than 2 on a CSV pair, a
+        ConfigError: a dataset that is not vertical, ``vertical-parties`` other than 2 on a CSV pair,
+            ``checkpoint-every`` with ``vertical-psi=cardinality`` (nothing to checkpoint), a
             ``label-defence`` without its strength (or a strength without it), a core key it does not read
             (:func:`check_unread`).
     """
@@ -72,6 +73,9 @@ def check_vertical(cfg: RunConfig) -> None:
         raise ConfigError(f"strategy=vertical-sl needs a vertical dataset ({', '.join(names)}), not {cfg.dataset}")
     if cfg.dataset != FMNIST and cfg.vertical_parties != 2:
         raise ConfigError(f"vertical-parties={cfg.vertical_parties}: {cfg.dataset} has 2 parties (its CSV pair)")
+    if cfg.vertical_psi == "cardinality" and cfg.checkpoint_every:
+        raise ConfigError(f"checkpoint-every={cfg.checkpoint_every}: vertical-psi=cardinality trains nothing, so it "
+                          "writes no checkpoint; remove it")
     if (cfg.label_defence == "iso") != (cfg.label_noise > 0) or (cfg.label_defence == "marvell") != (cfg.label_power > 0):
         raise ConfigError("label-defence=iso goes with label-noise > 0 and label-defence=marvell with label-power > 0 "
                           f"(got label-defence={cfg.label_defence}, label-noise={cfg.label_noise:g}, "

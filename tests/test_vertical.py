@@ -461,6 +461,15 @@ seed = [0, 1]
     assert capsys.readouterr().out.count("skipped") == 4
 
 
+def test_checkpoints_of_a_cardinality_only_run_are_refused_in_one_line(tmp_path, capsys):
+    """vertical-psi=cardinality trains nothing: checkpoint-every with it stops the run with exit 2 and one line."""
+    code = cli.main(["run", "--quiet", f"strategy={STRATEGY}", "dataset=vertical-breast", f"data-dir={DATA}",
+                     "vertical-psi=cardinality", "checkpoint-every=5", f"output-dir={tmp_path / 'out'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "vertical-psi=cardinality trains nothing" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def _wait_summary(out: Path, runner, seconds: float) -> str:
     """Wait for ``out/summary.json`` while ``runner`` (``flwr run --stream``) lives; its log."""
     import time
