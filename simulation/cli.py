@@ -67,12 +67,9 @@ def _run(args: argparse.Namespace) -> int:
     engine_options = pop_engine_options(engine, pairs)  # ray-address, ray-cpus, ray-gpus
     resume = pairs.pop("resume", None)
     if resume is not None:
-        if "strategy" in pairs or "preset" in pairs:  # a vertical strategy named: one line, it writes no checkpoint
-            from simulation.vertical_server import refuse_resume
-            refuse_resume({**pairs, "resume": resume})
         pairs = resume_pairs(resume, pairs)
     cfg = RunConfig.from_mapping(pairs)
-    vertical = _run_vertical(cfg, engine, args.quiet) if resume is None else None
+    vertical = _run_vertical(cfg, engine, args.quiet, None if resume is None else Path(resume) / ckpt.CHECKPOINT_FILE)
     if vertical is not None:
         return vertical
     plan = plan_run(cfg)
@@ -104,8 +101,9 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_vertical(cfg: RunConfig, engine: str, quiet: bool) -> int | None:
-    """Run ``cfg`` if its strategy is vertical (:mod:`simulation.vertical`): its exit status; None: it is not."""
+def _run_vertical(cfg: RunConfig, engine: str, quiet: bool, resume_from: Path | None) -> int | None:
+    """Run ``cfg`` (from the checkpoint ``resume_from``, if given) if its strategy is vertical
+    (:mod:`simulation.vertical`): its exit status; None: it is not."""
     from fl_app.run.plugins import strategy_class
     from simulation.vertical import check_vertical, is_vertical, run_vertical
     from strategies.core.errors import RunFailedError
@@ -119,7 +117,7 @@ def _run_vertical(cfg: RunConfig, engine: str, quiet: bool) -> int | None:
         stop_waiting()
         print(f"sflower run: {cls.name} on {cfg.dataset}, label party: {cfg.label_party}", flush=True)
     try:
-        s = run_vertical(cfg, cls, engine=engine)
+        s = run_vertical(cfg, cls, engine=engine, resume_from=resume_from)
     except RunFailedError as err:
         print(f"sflower: run failed: {err}", file=sys.stderr)
         return EXIT_FAILED

@@ -239,12 +239,17 @@ def main(grid: Grid, context: Context) -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-    if vertical_main(grid, context, user_keys(grid)):  # strategy=vertical-sl: simulation.vertical_server
+    try:  # resume=RUN_DIR: the checkpoint's configuration, with the keys the user gave that a resume may change
+        resume = str(given_or_default(context.run_config, "resume") or "")
+        resumed = resume_pairs(resume, override_config(grid)) if resume else None
+    except ConfigError as err:
+        log.error("sflower: %s", err)
+        raise SystemExit(2) from None
+    if vertical_main(grid, context, user_keys(grid), resumed):  # strategy=vertical-sl: simulation.vertical_server
         return
     try:
-        resume = str(given_or_default(context.run_config, "resume") or "")
-        if resume:  # the checkpoint's configuration, with the keys the user gave that a resume may change
-            plan = plan_run(RunConfig.from_mapping(resume_pairs(resume, override_config(grid))))
+        if resumed is not None:
+            plan = plan_run(RunConfig.from_mapping(resumed))
             plan.resume_from = Path(resume) / CHECKPOINT_FILE
         else:
             plan = plan_run(RunConfig.from_mapping(context.run_config, given=user_keys(grid)))

@@ -160,7 +160,9 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
     """
     from simulation.server_app import plan_run
     from simulation.engine import run_inprocess
+    from fl_app.run.plugins import strategy_class
     from simulation.ray_engine import run_ray
+    from simulation.vertical import check_vertical, is_vertical, run_vertical
     from strategies.core.base import DivergedError, RunFailedError
 
     spec = load_sweep(path)
@@ -182,13 +184,19 @@ def run_sweep(path: str | Path, out_dir: str | Path | None = None, *, progress: 
                     attack_run(run_dir, attack, str(given_or_default(run_config(run), "data-dir")))
                 continue
             print(f"[{i}/{len(runs)}] {run_dir.name}")
-            cfg = run_config(run)
-            cfg["output-dir"] = str(run_dir)
-            plan = plan_run(RunConfig.from_mapping(cfg))
-            plan.tracking = tracking_context(out, run, grid_keys)
-            engine = run.get("engine", "inprocess")
+            cfg = RunConfig.from_mapping({**run_config(run), "output-dir": str(run_dir)})
+            engine, tracking = run.get("engine", "inprocess"), tracking_context(out, run, grid_keys)
+            vertical = is_vertical(strategy_class(cfg.strategy))  # vertical-sl: its own runner
+            if vertical:
+                check_vertical(cfg)
+            else:
+                plan = plan_run(cfg)
+                plan.tracking = tracking
             try:
-                (run_ray if engine == "ray" else run_inprocess)(plan, progress=progress)
+                if vertical:
+                    run_vertical(cfg, strategy_class(cfg.strategy), engine=engine, tracking=tracking)
+                else:
+                    (run_ray if engine == "ray" else run_inprocess)(plan, progress=progress)
             except (DivergedError, RunFailedError) as err:
                 outcome = "diverged" if isinstance(err, DivergedError) else "failed"
                 print(f"[{i}/{len(runs)}] {run_dir.name}: {outcome}: {err}")

@@ -10,6 +10,7 @@ The run directory gets the same ``config.json``, ``metrics.csv``, ``summary.json
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from fl_app.run.config import RunConfig
@@ -22,6 +23,7 @@ from simulation.vertical_server import (  # noqa: F401
     check_unread,
     check_vertical,
     is_vertical,
+    make_strategy,
     parties_of,
     recorder_dir,
     serve_grid,
@@ -29,10 +31,13 @@ from simulation.vertical_server import (  # noqa: F401
 )
 
 
-def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess") -> dict[str, Any]:
+def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess",
+                 resume_from: Path | None = None, tracking: Any = None) -> dict[str, Any]:
     """Run a vertical configuration on the in-process or the Ray engine; returns the summary (also in
     ``summary.json``). Under ``flwr run`` the ServerApp runs it instead
-    (:func:`simulation.vertical_server.vertical_main`).
+    (:func:`simulation.vertical_server.vertical_main`). ``resume_from``: a checkpoint file (``checkpoint.sfl`` of
+    ``cfg``'s run directory) to continue from; ``tracking``: the trackers' names and store
+    (:class:`~simulation.outputs.trackers.TrackingContext`; a sweep's, else the run's own).
 
     Raises:
         ConfigError: see :func:`check_vertical`; an engine other than ``inprocess`` or ``ray``.
@@ -42,18 +47,19 @@ def run_vertical(cfg: RunConfig, strategy_cls: type, *, engine: str = "inprocess
         raise ConfigError(f"engine={engine}: vertical-sl runs on the in-process or the Ray engine")
     first = 1 if cfg.label_party == "server" else 0
     configs = [{PARTY: k} for k in range(first, parties_of(cfg))]
-    recorder = start_recorder(cfg, engine)
+    recorder = start_recorder(cfg, engine, resume=resume_from is not None, tracking=tracking)
     if engine == "ray":
-        summary = _run_ray(cfg, strategy_cls, recorder, len(configs))
+        summary = _run_ray(cfg, strategy_cls, recorder, len(configs), resume_from)
     else:
         grid = InProcessGrid(party_app, len(configs), cfg.seed, configs)
         with _task_identity(grid.run.run_id):
-            summary = strategy_cls(cfg, grid, recorder.append).run()
+            summary = make_strategy(strategy_cls, cfg, grid, recorder, resume_from).run()
     summary["output_dir"] = str(recorder_dir(cfg))
     return recorder.finish(summary)
 
 
-def _run_ray(cfg: RunConfig, strategy_cls: type, recorder: RunRecorder, nodes: int) -> dict[str, Any]:
+def _run_ray(cfg: RunConfig, strategy_cls: type, recorder: RunRecorder, nodes: int,
+             resume_from: Path | None) -> dict[str, Any]:
     """The run on Flower's Ray simulation engine: ``nodes`` virtual SuperNodes, node ``i`` the party of its
     ``partition-id`` (:func:`fl_app.vertical.party.party_index`), one CPU each.
 
@@ -71,7 +77,7 @@ def _run_ray(cfg: RunConfig, strategy_cls: type, recorder: RunRecorder, nodes: i
 
     @server_app.main()
     def _main(grid: Grid, context: Any) -> None:
-        result["summary"] = strategy_cls(cfg, grid, recorder.append).run()
+        result["summary"] = make_strategy(strategy_cls, cfg, grid, recorder, resume_from).run()
 
     run_simulation(server_app=server_app, client_app=party_app, num_supernodes=nodes,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},

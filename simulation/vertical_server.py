@@ -9,7 +9,7 @@ strategies take it. The in-process and Ray engines are :mod:`simulation.vertical
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +32,9 @@ VERTICAL_READS = frozenset({
     "strategy", "strategy-options", "dataset", "data-dir", "label-defence", "label-noise", "label-power",
     "global-iterations", "eval-every", "batch-size", "lr", "seed", "output-dir", "preset", "preset-any-strategy",
     "node-timeout", "transport", "session-address", "session-certificate", "session-key", "session-ca",
-    "session-tls", "session-timeout"})
+    "session-tls", "session-timeout", "checkpoint-every", "resume", "tracker"})
 #: Why a vertical run refuses a key it does not read, where there is more to say than "not read".
 _WHY = {
-    "resume": "a vertical run writes no checkpoint, so it cannot resume (run it again: it is deterministic)",
-    "checkpoint-every": "a vertical run writes no checkpoint (its parties' models stay on their nodes)",
-    "tracker": "a vertical run logs to metrics.csv only, no experiment tracker",
     "clock": "a vertical run keeps its own virtual clock (PSI, transfers and FLOPs; vertical-link-mbps, "
              "vertical-gflops), whatever the engine",
     "num-clients": "a vertical run's nodes are its parties (vertical-parties; 2 for a CSV pair)",
@@ -65,7 +62,8 @@ def check_vertical(cfg: RunConfig) -> None:
     """Refuse, in one line, a configuration a vertical run cannot take.
 
     Raises:
-        ConfigError: a dataset that is not vertical, ``vertical-parties`` other than 2 on a CSV pair, a
+        ConfigError: a dataset that is not vertical, ``vertical-parties`` other than 2 on a CSV pair,
+            ``checkpoint-every`` with ``vertical-psi=cardinality`` (nothing to checkpoint), a
             ``label-defence`` without its strength (or a strength without it), a core key it does not read
             (:func:`check_unread`).
     """
@@ -75,29 +73,22 @@ def check_vertical(cfg: RunConfig) -> None:
         raise ConfigError(f"strategy=vertical-sl needs a vertical dataset ({', '.join(names)}), not {cfg.dataset}")
     if cfg.dataset != FMNIST and cfg.vertical_parties != 2:
         raise ConfigError(f"vertical-parties={cfg.vertical_parties}: {cfg.dataset} has 2 parties (its CSV pair)")
+    if cfg.vertical_psi == "cardinality" and cfg.checkpoint_every:
+        raise ConfigError(f"checkpoint-every={cfg.checkpoint_every}: vertical-psi=cardinality trains nothing, so it "
+                          "writes no checkpoint; remove it")
     if (cfg.label_defence == "iso") != (cfg.label_noise > 0) or (cfg.label_defence == "marvell") != (cfg.label_power > 0):
         raise ConfigError("label-defence=iso goes with label-noise > 0 and label-defence=marvell with label-power > 0 "
                           f"(got label-defence={cfg.label_defence}, label-noise={cfg.label_noise:g}, "
                           f"label-power={cfg.label_power:g})")
 
 
-def refuse_resume(pairs: dict[str, Any]) -> None:
-    """Refuse ``pairs`` (``sflower run`` keys with ``resume``) if they name a vertical strategy.
-
-    Raises:
-        ConfigError: the vertical run's one line (:func:`check_unread`), or a bad key of ``pairs``.
-    """
-    from fl_app.run.plugins import strategy_class
-
-    cfg = RunConfig.from_mapping(pairs)
-    if is_vertical(strategy_class(cfg.strategy)):
-        check_unread(cfg)
-
-
-def vertical_main(grid: Any, context: Any, given: Iterable[str] | None) -> bool:
+def vertical_main(grid: Any, context: Any, given: Iterable[str] | None,
+                  resumed: Mapping[str, Any] | None = None) -> bool:
     """Under ``flwr run``: run ``context.run_config`` on ``grid`` if its strategy is vertical, and return True;
     False if it is not (the ServerApp's own run follows). ``given``: the keys the user gave, where a preset needs
-    them (:func:`simulation.server_app.user_keys`).
+    them (:func:`simulation.server_app.user_keys`). ``resumed``: with ``resume=RUN_DIR``, the checkpoint's
+    configuration (:func:`simulation.server_app.resume_pairs`: ``output-dir`` is ``RUN_DIR``); the run then
+    continues from ``RUN_DIR/checkpoint.sfl``, as ``sflower run resume=RUN_DIR`` does.
 
     Bad input is one logged line and exit 2, as for the other strategies.
 
@@ -105,18 +96,22 @@ def vertical_main(grid: Any, context: Any, given: Iterable[str] | None) -> bool:
         SystemExit: 2 on a :class:`ConfigError`.
     """
     from fl_app.run.plugins import strategy_class
+    from strategies.core.checkpoint import CHECKPOINT_FILE
 
+    pairs = dict(resumed) if resumed is not None else None
     try:
-        cls = strategy_class(str(given_or_default(context.run_config, "strategy")))
+        cls = strategy_class(str(pairs["strategy"] if pairs else given_or_default(context.run_config, "strategy")))
     except ConfigError:
         return False  # the ServerApp's main says why
     if not is_vertical(cls):
         return False
+    resume = Path(str(pairs["output-dir"])) / CHECKPOINT_FILE if pairs else None
     try:
-        cfg = RunConfig.from_mapping(context.run_config, given=given)
+        cfg = RunConfig.from_mapping(pairs) if pairs else RunConfig.from_mapping(context.run_config, given=given)
         check_vertical(cfg)
-        recorder = start_recorder(cfg, "flwr-run")
-        summary = recorder.finish({**serve_grid(cfg, cls, recorder, grid), "output_dir": str(recorder_dir(cfg))})
+        recorder = start_recorder(cfg, "flwr-run", resume=resume is not None)
+        ran = serve_grid(cfg, cls, recorder, grid, resume)
+        summary = recorder.finish({**ran, "output_dir": str(recorder_dir(cfg))})
     except ConfigError as err:
         log.error("sflower: %s", err)
         raise SystemExit(2) from None
@@ -135,28 +130,55 @@ def recorder_dir(cfg: RunConfig) -> Path:
     return Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.strategy, cfg.dataset, cfg.seed)
 
 
-def start_recorder(cfg: RunConfig, engine: str) -> RunRecorder:
-    """The run's :class:`RunRecorder` (``config.json`` now; ``metrics.csv`` row by row)."""
-    return RunRecorder(recorder_dir(cfg), recorded_config(cfg), {"parties": parties_of(cfg),
-                                                                 "label_party": cfg.label_party, "engine": engine})
+def start_recorder(cfg: RunConfig, engine: str, resume: bool = False, tracking: Any = None) -> RunRecorder:
+    """The run's :class:`RunRecorder` (``config.json`` now; ``metrics.csv`` row by row) and its ``tracker``s
+    (:func:`~simulation.outputs.trackers.open_trackers`, under ``tracking``'s names and store: a sweep's, else the
+    run's own); ``resume``: the run continues from a checkpoint (both keep what the run wrote before it).
+
+    Raises:
+        ConfigError: a bad ``tracker`` value, or a tracker whose package is missing.
+    """
+    from simulation.outputs.trackers import open_trackers
+
+    recorder = RunRecorder(recorder_dir(cfg), recorded_config(cfg), {"parties": parties_of(cfg),
+                                                                     "label_party": cfg.label_party, "engine": engine},
+                           resume=resume)
+    recorder.listeners = open_trackers(cfg.tracker, recorder.out_dir, cfg.as_dict(), tracking, resume)
+    return recorder
 
 
-def serve_grid(cfg: RunConfig, strategy_cls: type, recorder: RunRecorder, grid: Any) -> dict[str, Any]:
+def make_strategy(strategy_cls: type, cfg: RunConfig, grid: Any, recorder: RunRecorder,
+                  resume_from: Path | None = None) -> Any:
+    """The vertical strategy on ``grid``, writing to ``recorder``: checkpoints to ``RUN_DIR/checkpoint.sfl`` with
+    ``checkpoint-every``; continuing from ``resume_from`` (a checkpoint file) when given."""
+    from strategies.core.checkpoint import CHECKPOINT_FILE
+
+    strategy = strategy_cls(cfg, grid, recorder.append)
+    if cfg.checkpoint_every:
+        strategy.checkpoint_path = recorder.out_dir / CHECKPOINT_FILE
+    strategy.resume_from = resume_from
+    strategy.on_resume = recorder.resume
+    return strategy
+
+
+def serve_grid(cfg: RunConfig, strategy_cls: type, recorder: RunRecorder, grid: Any,
+               resume_from: Path | None = None) -> dict[str, Any]:
     """The run on a ServerApp's ``grid``: through a session per node (:mod:`simulation.session`) when
     :func:`~simulation.session.choose_transport` picks it in a deployment (TLS files given, as ``sflower deploy``
     gives them), else through Flower's messages. The wire bytes of the sessions go to the summary.
 
     The transport is chosen as on the wall clock (a vertical run keeps its own virtual clock: ``clock`` does not
-    apply to it). Raises what the strategy raises (ConfigError, RunFailedError).
+    apply to it). ``resume_from``: the checkpoint the run continues from (:func:`make_strategy`). Raises what the
+    strategy raises (ConfigError, RunFailedError).
     """
     from simulation.session import check_transport, choose_transport, open_session_grid
 
     check_transport(cfg)
     if choose_transport(cfg.replace(clock="wall"), grid) != "session":
-        return strategy_cls(cfg, grid, recorder.append).run()
+        return make_strategy(strategy_cls, cfg, grid, recorder, resume_from).run()
     session = open_session_grid(grid, cfg)
     recorder.late = session.wire_bytes
     try:
-        return strategy_cls(cfg, session, recorder.append).run()
+        return make_strategy(strategy_cls, cfg, session, recorder, resume_from).run()
     finally:
         session.close()

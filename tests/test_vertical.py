@@ -304,21 +304,169 @@ def test_cardinality_mode_gives_the_size_and_trains_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("pair,message", [
-    ("checkpoint-every=5", "checkpoint-every=5: a vertical run writes no checkpoint"),
-    ("tracker=tensorboard", "tracker=tensorboard: a vertical run logs to metrics.csv only"),
     ("model=resnet18", "model=resnet18: strategy=vertical-sl does not read it"),
     ("momentum=0.5", "momentum=0.5: strategy=vertical-sl does not read it"),
     ("clock=wall", "clock=wall: a vertical run keeps its own virtual clock"),
     ("num-clients=30", "num-clients=30: a vertical run's nodes are its parties"),
-    ("resume=some-run-dir", "resume=some-run-dir: a vertical run writes no checkpoint, so it cannot resume"),
 ])
 def test_a_key_the_vertical_run_does_not_read_stops_it_in_one_line(tmp_path, capsys, pair, message):
-    """No input accepted silently: resume, checkpoint-every, tracker and every other core key a vertical run does
-    not read stop it with exit 2 and one line naming the key, before any output."""
+    """No input accepted silently: every core key a vertical run does not read stops it with exit 2 and one line
+    naming the key, before any output."""
     code = cli.main(["run", "--quiet", f"strategy={STRATEGY}", "dataset=vertical-breast", f"data-dir={DATA}",
                      f"output-dir={tmp_path / 'out'}", pair])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+class _Killed(BaseException):
+    """Stands for a kill: not an Exception, so nothing in the run handles it."""
+
+
+def _killed_run(tmp_path: Path, monkeypatch, holder: str = "node") -> Path:
+    """An uninterrupted run in ``tmp_path/reference`` and, in ``tmp_path/killed``, the same with checkpoint-every=15
+    of 30 iterations stopped right after its row of iteration 20; returns the killed run's directory."""
+    from simulation.outputs.records import RunRecorder
+
+    keys = {"strategy": "vertical-sl", "global-iterations": 30, "eval-every": 10, "label-party": holder}
+    run_vertical(_cfg(tmp_path, "reference", **keys), VerticalSL)
+    append = RunRecorder.append
+
+    def append_then_stop(self, row):
+        append(self, row)
+        if row["global_iteration"] == 20:
+            raise _Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(RunRecorder, "append", append_then_stop)
+        with pytest.raises(_Killed):
+            run_vertical(_cfg(tmp_path, "killed", **keys, **{"checkpoint-every": 15}), VerticalSL)
+    return tmp_path / "killed"
+
+
+@needs_data
+@pytest.mark.parametrize("holder", ["node", "server"])
+def test_a_killed_run_resumes_from_its_checkpoint_without_psi_to_the_uninterrupted_metrics(tmp_path, monkeypatch,
+                                                                                           holder):
+    """checkpoint-every=15 of 30 iterations, the run stopped right after the row of iteration 20, then
+    ``sflower run resume=RUN_DIR``: metrics.csv equals an uninterrupted run's in every column but wall time (virtual
+    time, bytes and exchanges included), the resumed run sends no PSI message (the aligned rows and the split come
+    back from the checkpoint), and the checkpoint holds the party nodes' states sealed only."""
+    from strategies.core import checkpoint as ckpt
+
+    run = _killed_run(tmp_path, monkeypatch, holder)
+    meta, state = ckpt.read(run / ckpt.CHECKPOINT_FILE)
+    assert meta["global_iteration"] == 15 and meta["rows"] == 2 and len(_metrics(run)) == 3
+    saved = ckpt.loads(state, {})
+    assert sorted(saved["clients"]) == ([0, 1] if holder == "node" else [1])  # the party nodes' states, sealed
+    assert all(set(c.keys()) == {"sealed"} for c in saved["clients"].values())
+    assert ("vertical.top" in saved["strategy"]["server_state"]) == (holder == "server")  # the server's label party
+    ops: list[str] = []
+    handle = vertical_party.handle
+    monkeypatch.setattr(vertical_party, "handle", lambda c, st, nc: (ops.append(str(c["vertical"]["op"])),
+                                                                     handle(c, st, nc))[1])
+    stop = ["checkpoint-every=0"] if holder == "node" else []  # a resume may stop checkpointing: the keys stay found
+    assert cli.main(["run", "-q", f"resume={run}", f"data-dir={DATA}", *stop]) == 0
+    assert ops and not [op for op in ops if op.startswith("psi")] and "backward" in ops
+    assert _metrics(run) == _metrics(tmp_path / "reference")
+    assert [int(r["global_iteration"]) for r in _metrics(run)] == [0, 10, 20, 30]
+
+
+@needs_data
+def test_the_serverapp_resumes_a_killed_vertical_run(tmp_path, monkeypatch):
+    """Under ``flwr run`` (the ServerApp's main, here on an in-process grid of the two parties): ``--run-config
+    "resume='RUN_DIR' data-dir='...'"`` continues the killed run from its checkpoint to the uninterrupted run's
+    metrics."""
+    from types import SimpleNamespace
+
+    from simulation import server_app
+    from simulation.engine import _task_identity
+
+    run = _killed_run(tmp_path, monkeypatch)
+    grid = InProcessGrid(vertical_party.app, 2, 0, [{vertical_party.PARTY: k} for k in (0, 1)])
+    given = {"resume": str(run), "data-dir": str(DATA)}
+    grid.run.override_config = given
+    with _task_identity(grid.run.run_id):
+        server_app.main(grid, SimpleNamespace(run_config=given))
+    assert _metrics(run) == _metrics(tmp_path / "reference")
+
+
+@pytest.mark.e2e
+@needs_data
+def test_a_checkpoint_written_on_ray_resumes_in_process(tmp_path):
+    """Checkpoints on Flower's Ray engine: a Ray run with checkpoint-every=15 of 30 writes the uninterrupted run's
+    metrics, and resuming its checkpoint of iteration 15 in-process (each party's sealed state opened with the key
+    its Ray node left in the run directory) rewrites rows 20 and 30 to the same metrics."""
+    from strategies.core import checkpoint as ckpt
+
+    keys = {"strategy": "vertical-sl", "global-iterations": 30, "eval-every": 10}
+    run_vertical(_cfg(tmp_path, "reference", **keys), VerticalSL)
+    run_vertical(_cfg(tmp_path, "ray", **keys, **{"checkpoint-every": 15}), VerticalSL, engine="ray")
+    run = tmp_path / "ray"
+    assert _metrics(run) == _metrics(tmp_path / "reference")
+    assert ckpt.read_meta(run / ckpt.CHECKPOINT_FILE)["global_iteration"] == 15
+    assert sorted(p.parent.name for p in (run / "nodes").rglob("checkpoint.key")) == ["node-0", "node-1"]
+    assert cli.main(["run", "-q", f"resume={run}", f"data-dir={DATA}"]) == 0
+    assert _metrics(run) == _metrics(tmp_path / "reference")
+
+
+@needs_data
+def test_tensorboard_tracker_logs_the_vertical_metrics(tmp_path):
+    """tracker=tensorboard on a vertical run: the event file holds metrics.csv's accuracy series, the
+    vertical columns beside it."""
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_vertical(_cfg(tmp_path, "tb", **{"tracker": "tensorboard"}), VerticalSL)
+    rows = _metrics(tmp_path / "tb")
+    ea = EventAccumulator(str(tmp_path / "tb" / "tensorboard"))
+    ea.Reload()
+    acc = ea.Scalars("test_accuracy")
+    assert [e.step for e in acc] == [int(r["global_iteration"]) for r in rows] == [0, 40, 80]
+    assert [e.value for e in acc] == pytest.approx([float(r["test_accuracy"]) for r in rows], abs=1e-7)
+    assert {"psi_bytes", "intersection", "virtual_time_s"} <= set(ea.Tags()["scalars"])
+
+
+@needs_data
+def test_a_sweep_of_vertical_runs_collects_one_table(tmp_path, capsys):
+    """``sflower sweep`` over vertical-sl's ``vertical-join`` and two seeds: four completed runs in one table, each
+    run's metrics.csv that of the same keys run alone; a second sweep skips them all."""
+    from simulation.sweep import run_sweep
+
+    path = tmp_path / "v.toml"
+    path.write_text(f"""
+[meta]
+target-accuracy = 0.9
+[base]
+strategy = "vertical-sl"
+dataset = "vertical-breast"
+data-dir = "{DATA}"
+global-iterations = 20
+eval-every = 10
+vertical-overlap = 0.9
+psi-backend = "dh"
+[grid]
+vertical-join = ["concat", "sum"]
+seed = [0, 1]
+""")
+    table = run_sweep(path, tmp_path / "out", progress=False)
+    assert len(table) == 4 and set(table["status"]) == {"completed"} and set(table["strategy"]) == {"vertical-sl"}
+    alone = run_vertical(_cfg(tmp_path, "alone", **{"strategy": "vertical-sl", "global-iterations": 20,
+                                                     "eval-every": 10, "vertical-join": "sum", "seed": 1,
+                                                     "batch-size": 32, "lr": 0.01}), VerticalSL)
+    (one,) = [d for d in (tmp_path / "out").iterdir() if d.is_dir() and "sum" in d.name and "seed=1" in d.name]
+    assert _metrics(one) == _metrics(tmp_path / "alone") and alone["status"] == "completed"
+    capsys.readouterr()
+    run_sweep(path, tmp_path / "out", progress=False)
+    assert capsys.readouterr().out.count("skipped") == 4
+
+
+def test_checkpoints_of_a_cardinality_only_run_are_refused_in_one_line(tmp_path, capsys):
+    """vertical-psi=cardinality trains nothing: checkpoint-every with it stops the run with exit 2 and one line."""
+    code = cli.main(["run", "--quiet", f"strategy={STRATEGY}", "dataset=vertical-breast", f"data-dir={DATA}",
+                     "vertical-psi=cardinality", "checkpoint-every=5", f"output-dir={tmp_path / 'out'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and "vertical-psi=cardinality trains nothing" in err, err
     assert not (tmp_path / "out").exists()
 
 
@@ -426,3 +574,58 @@ def test_deployed_on_supernodes_with_their_own_files_writes_the_in_process_metri
     assert [sorted(p.name for p in (run / "data" / f"party-{k}").rglob("*") if p.is_file()) for k in (0, 1)] == \
         [["breast_hetero_guest.csv"], ["breast_hetero_host.csv"]]
     assert _metrics(run / "out") == _metrics(tmp_path / "inproc") and len(_metrics(run / "out")) == 3
+
+
+@pytest.mark.e2e
+@needs_data
+def test_deployed_with_the_server_as_label_party_writes_the_in_process_metrics(tmp_path):
+    """``sflower deploy strategy=vertical-sl label-party=server nodes=1``: the ServerApp holds the labels and the top
+    model (Flower's own vertical-FL example's shape) and reads the label party's CSV alone (its data-dir is
+    ``RUN_DIR/data/party-0``); the one SuperNode, the feature party, has only its own file; TLS, authentication and
+    the session transport; metrics.csv equals the in-process run's (same keys) in every column but wall time."""
+    import json
+
+    from simulation.deploy.options import parse_deploy_args
+    from simulation.deploy.processes import flower_binaries_missing
+    from simulation.deploy.run import deploy
+
+    if flower_binaries_missing():
+        pytest.skip("Flower's binaries are not installed")
+    keys = {"strategy": "vertical-sl", "dataset": "vertical-breast", "data-dir": str(DATA), "global-iterations": 10,
+            "eval-every": 5, "batch-size": 32, "lr": 0.1, "vertical-overlap": 0.9, "psi-backend": "dh",
+            "label-party": "server"}
+    run_vertical(RunConfig.from_mapping({**keys, "output-dir": str(tmp_path / "inproc")}), VerticalSL)
+    s = deploy(parse_deploy_args({**{k: str(v) for k, v in keys.items()}, "nodes": "1", "fast": "true",
+                                  "timeout": "240", "run-dir": str(tmp_path / "run")}), quiet=True)
+    run = Path(s["deploy"]["run_dir"])
+    assert s["deploy"]["tls"] and s["deploy"]["auth"] and s["status"] == "completed" and s["label_party"] == "server"
+    assert s["wire_bytes_up"] > s["bytes_up"] > 0  # the feature party's messages took its session
+    config = json.loads((run / "out" / "config.json").read_text())["config"]
+    assert Path(config["data-dir"]) == (run / "data" / "party-0").resolve()  # the ServerApp's own file only
+    assert [sorted(p.name for p in (run / "data" / f"party-{k}").rglob("*") if p.is_file()) for k in (0, 1)] == \
+        [["breast_hetero_guest.csv"], ["breast_hetero_host.csv"]]
+    assert _metrics(run / "out") == _metrics(tmp_path / "inproc") and len(_metrics(run / "out")) == 3
+
+
+@pytest.mark.e2e
+@needs_data
+def test_a_deployed_serverapp_killed_and_resumed_writes_the_in_process_metrics(tmp_path):
+    """``sflower deploy ... checkpoint-every=50 kill-server-after=1``: the ServerApp is SIGKILLed once a checkpoint
+    is on disk and ``flwr run`` starts again with ``resume``; the parties' states come back from the checkpoint
+    (sealed on their SuperNodes) and metrics.csv equals the uninterrupted in-process run's but for wall time."""
+    from simulation.deploy.options import parse_deploy_args
+    from simulation.deploy.processes import flower_binaries_missing
+    from simulation.deploy.run import deploy
+
+    if flower_binaries_missing():
+        pytest.skip("Flower's binaries are not installed")
+    keys = {"strategy": "vertical-sl", "dataset": "vertical-breast", "data-dir": str(DATA), "global-iterations": 300,
+            "eval-every": 50, "batch-size": 32, "lr": 0.1, "vertical-overlap": 0.9, "psi-backend": "dh"}
+    run_vertical(RunConfig.from_mapping({**keys, "output-dir": str(tmp_path / "inproc")}), VerticalSL)
+    s = deploy(parse_deploy_args({**{k: str(v) for k, v in keys.items()}, "checkpoint-every": "50", "nodes": "2",
+                                  "kill-server-after": "1", "fast": "true", "timeout": "400",
+                                  "run-dir": str(tmp_path / "run")}), quiet=True)
+    events = [e["event"] for e in s["deploy"]["events"]]
+    assert any(e.startswith("killed the ServerApp") for e in events) and "restarted the ServerApp with resume" in events
+    assert s["status"] == "completed"
+    assert _metrics(Path(s["deploy"]["run_dir"]) / "out") == _metrics(tmp_path / "inproc")

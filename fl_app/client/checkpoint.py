@@ -19,13 +19,21 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from fl_app import protocol as P
 from fl_app.client.node import Node
 from fl_app.client.sealing import key_path, node_key, seal, unseal
+from fl_app.client.state import CHECKPOINT_IDENTITY
 from fl_app.client.live import forget
 
 
 def _key_and_partition(context: Context) -> tuple[bytes, int]:
-    """The node's checkpoint key (made on first use, :func:`~fl_app.client.sealing.node_key`) and its partition id."""
-    node = Node(context)
-    return node_key(key_path(context, str(node.cfg.get("output-dir")), node.partition_id)), node.partition_id
+    """The node's checkpoint key (made on first use, :func:`~fl_app.client.sealing.node_key`) and its partition id:
+    its :class:`~fl_app.client.node.Node`'s, or for a node without a task (a vertical party) those its
+    :data:`~fl_app.client.state.CHECKPOINT_IDENTITY` record names."""
+    if CHECKPOINT_IDENTITY in context.state:
+        ident = context.state[CHECKPOINT_IDENTITY]
+        run_dir, pid = str(ident["run-dir"]), int(ident["partition-id"])
+    else:
+        node = Node(context)
+        run_dir, pid = str(node.cfg.get("output-dir")), node.partition_id
+    return node_key(key_path(context, run_dir, pid)), pid
 
 
 def query_checkpoint(msg: Message, context: Context) -> Message:

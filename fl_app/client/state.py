@@ -54,6 +54,10 @@ RNG_SEED = "rng-seed"
 STREAM_DROPOUT = 29
 #: ConfigRecord of the node state holding (``partition-id``) the id the server assigned at the handshake.
 IDENTITY_KEY = "node.identity"
+#: ConfigRecord of a node without a task (a vertical party, :mod:`fl_app.vertical.party`): ``run-dir`` and
+#: ``partition-id``, where its checkpoint key lives and the partition its sealed state is bound to
+#: (:mod:`fl_app.client.checkpoint`).
+CHECKPOINT_IDENTITY = "checkpoint.identity"
 #: The parts of a slot that make up its model (another slot's when it names a ``model_slot``).
 MODEL_PARTS = ("weights", "optimizer", "accum")
 

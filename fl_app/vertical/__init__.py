@@ -4,6 +4,7 @@
 * :mod:`fl_app.vertical.models`: bottom models per party, the join, the top model, and their steps.
 * :mod:`fl_app.vertical.party`: a party's side of the protocol (the ``query.vertical`` handler, its ClientApp).
 
-Imports: ``fl_app`` only: :mod:`fl_app.run`, :mod:`fl_app.data`, :mod:`fl_app.privacy` and
-:mod:`fl_app.protocol`.
+Imports: ``fl_app`` only: :mod:`fl_app.run`, :mod:`fl_app.data`, :mod:`fl_app.privacy`,
+:mod:`fl_app.protocol`, and :mod:`fl_app.client`'s checkpoint handlers (``query.checkpoint``, ``query.restore``),
+which import nothing of this package.
 """

@@ -24,6 +24,11 @@ index is its ``node_config`` ``vertical-party`` (0: the label party); it reads o
 ``evaluate``       label party: test loss and accuracy from the others' test embeddings
 =================  ========================================================================
 
+A checkpoint (``checkpoint-every``) takes a party's whole ``context.state`` (its models, its aligned rows and
+the label party's split: the PSI's result) with ``query.checkpoint``, sealed on the node under its party
+index, and ``query.restore`` puts it back at a resume (:mod:`fl_app.client.checkpoint`, as for every strategy;
+:data:`~fl_app.client.state.CHECKPOINT_IDENTITY` says who the node is).
+
 What a feature party ever receives: PSI messages (encrypted points), positions in the aligned order
 and gradients; never an ID outside the intersection (:mod:`fl_app.vertical.psi`).
 """
@@ -47,6 +52,8 @@ from flwr.clientapp import ClientApp
 
 from fl_app.vertical import psi
 from fl_app.vertical import models as V
+from fl_app.client.checkpoint import query_checkpoint, query_restore
+from fl_app.client.state import CHECKPOINT_IDENTITY
 from fl_app.data.vertical import load_party, party_count
 from fl_app.run.errors import ConfigError
 from fl_app.protocol.codec import tensor_array
@@ -140,6 +147,8 @@ def handle(content: RecordDict, state: RecordDict, node_config: dict[str, Any]) 
     if "run" in cfg:  # the run's settings arrive with every message; kept for the node's later messages
         state[CFG] = ConfigRecord({k: v for k, v in cfg.items() if k not in ("op", "blob", "source", "phase")})
     op, party = str(cfg["op"]), Party(state, node_config, state[CFG])
+    if "run" in cfg:  # who this node is for its sealed checkpoint state (fl_app.client.checkpoint)
+        state[CHECKPOINT_IDENTITY] = ConfigRecord({"run-dir": str(cfg["run-dir"]), "partition-id": party.index})
     if op == "info":
         return RecordDict({CFG: ConfigRecord({"party": party.index, "rows": len(party.table.ids),
                                               "features": int(party.table.x.shape[1]),
@@ -253,3 +262,7 @@ app = ClientApp()
 def query_vertical(msg: Message, context: Context) -> Message:
     """``query.vertical``: one operation of a vertical party (:func:`handle`)."""
     return Message(handle(msg.content, context.state, dict(context.node_config)), reply_to=msg)
+
+
+app.query("checkpoint")(query_checkpoint)  # the party's whole state, sealed (fl_app.client.checkpoint)
+app.query("restore")(query_restore)

@@ -102,9 +102,10 @@ def deploy(options: DeployOptions, *, quiet: bool = False) -> dict[str, Any]:
     with terminate_on_sigterm(), Deployment(run_dir, tls=o["tls"], auth=o["auth"], fast=o["fast"],
                                              isolation=o["isolation"]) as dep:
         if vertical:
-            from simulation.deploy.vertical import write_vertical_dirs
+            from simulation.deploy.vertical import server_run_config, write_vertical_dirs
 
             dirs = write_vertical_dirs(cfg, run_dir / "data", nodes + intruders)
+            run_config = server_run_config(cfg, run_config, run_dir / "data")  # label-party=server: its own file
         else:
             dirs = write_partition_dirs(cfg, run_dir / "data")
         say(f"wrote {len(dirs)} {'party data dirs' if vertical else 'partitions'} to {run_dir / 'data'}")

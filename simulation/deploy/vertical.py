@@ -2,12 +2,15 @@
 
 SuperNode ``i`` (``partition-id=i``) is party ``i`` (0: the label party), or party ``i + 1`` with
 ``label-party=server`` (:func:`fl_app.vertical.party.party_index`); its ``data-dir`` is ``RUN_DIR/data/party-K``
-(:func:`fl_app.data.vertical.write_party_dirs`), which holds ``vertical/<its file>`` and nothing else.
+(:func:`fl_app.data.vertical.write_party_dirs`), which holds ``vertical/<its file>`` and nothing else. With
+``label-party=server`` the ServerApp is the label party: its ``data-dir`` is ``RUN_DIR/data/party-0``, which holds
+the label party's CSV alone (:func:`server_run_config`), as Flower's own vertical-FL example's server holds the labels.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fl_app.run.config import RunConfig
 from fl_app.data.vertical import write_party_dirs
@@ -47,3 +50,12 @@ def write_vertical_dirs(cfg: RunConfig, out: Path, count: int) -> list[Path]:
         extra.mkdir(parents=True, exist_ok=True)
         dirs.append(extra)
     return dirs
+
+
+def server_run_config(cfg: RunConfig, run_config: dict[str, Any], data_root: Path) -> dict[str, Any]:
+    """The ServerApp's run config: with ``label-party=server`` its ``data-dir`` is the label party's own directory
+    (``data_root/party-0``, written by :func:`write_vertical_dirs`: the label party's CSV only), so the server reads
+    no feature party's file; otherwise ``run_config`` unchanged."""
+    if cfg.label_party != "server":
+        return run_config
+    return {**run_config, "data-dir": str((data_root / "party-0").resolve())}

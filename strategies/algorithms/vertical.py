@@ -14,24 +14,34 @@ The ServerApp coordinates and relays; the parties compute (:mod:`fl_app.vertical
 
 ``label-party=server`` runs the label party inside the ServerApp (Flower's own vertical-FL example's
 shape, for comparison): the server then holds the labels. A *global iteration* here is one mini-batch.
+
+**Checkpoints** (``checkpoint-every=N``, ``resume=RUN_DIR``) go through the horizontal strategies'
+:class:`~strategies.core.checkpoint.Checkpointer` and file format: the server's counters, metric rows and virtual
+clock (:meth:`VerticalSL.checkpoint_state`), the label party's state when the ServerApp holds it, the RNG states,
+and each party node's whole ``context.state`` (``query.checkpoint``, sealed on the node): its bottom model, the
+label party's top model, and the PSI's result (each party's aligned rows, the label party's train/test split).
+A resume does the handshake again, puts the states back and goes on with the next mini-batch: **it does not redo
+the PSI**. Training is plain SGD, so there is no optimiser state beyond the weights.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fl_app.vertical import psi
-from fl_app.run.config import RunConfig
+from fl_app.run.config import RunConfig, defaults
 from fl_app.run.errors import ConfigError
 from fl_app.run.options import Option
 from fl_app.protocol.records import record_bytes, record_tensor
 from fl_app.vertical.models import joined_width
 from fl_app.vertical.party import CFG, PARTY, handle
+from strategies.core.checkpoint import Checkpointer
 from strategies.core.errors import RunFailedError
 from strategies.core.registry import register
 
@@ -80,6 +90,65 @@ class VerticalSL:
         self.rows: list[dict[str, Any]] = []
         self.shared = self.test = 0
         self.noise_power = 0.0  # summed over the steps: the label defence's mean squared noise norm per row
+        self.iteration = 0  # the next mini-batch
+        #: called with the checkpoint's rows at a resume (the recorder's ``resume``: metrics.csv cut to them)
+        self.on_resume: Callable[[list[dict[str, Any]]], None] | None = None
+        self.checkpoints = Checkpointer(self.name, self.checkpoint_state, self.load_checkpoint_state,
+                                        lambda g: {"strategy": self, "cfg": self.cfg, "grid": g}, _Direct,
+                                        lambda: dict(self.nodes), self.reconnect, float(cfg.node_timeout))
+        self._wall0 = time.perf_counter()
+
+    # ------------------------------------------------------------------ checkpoints
+    #: Attributes that are not server state: the run's environment, the nodes' ids (a resume's handshake finds
+    #: them again), the checkpointing itself and the wall clock's start (saved as elapsed seconds).
+    NOT_CHECKPOINTED: ClassVar[frozenset[str]] = frozenset({"cfg", "grid", "on_row", "on_resume", "nodes",
+                                                            "checkpoints", "_wall0"})
+    checkpoint_path = property(lambda self: self.checkpoints.path, lambda self, v: setattr(self.checkpoints, "path", v),
+                               doc="Where checkpoints are written (set by the runner with ``checkpoint-every``).")
+    resume_from = property(lambda self: self.checkpoints.resume_from,
+                           lambda self, v: setattr(self.checkpoints, "resume_from", v),
+                           doc="The checkpoint :meth:`run` resumes from (set by the runner).")
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The server state for a checkpoint: every attribute but :attr:`NOT_CHECKPOINTED` (counters, the virtual
+        clock, metric rows, the PSI's sizes, the label party's state when the ServerApp holds it)."""
+        return {k: v for k, v in vars(self).items() if k not in self.NOT_CHECKPOINTED}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`checkpoint_state`."""
+        self.__dict__.update(state)
+
+    def resume_at(self, t: float) -> None:
+        """The virtual clock at a resume (:meth:`Checkpointer.restore`; it is also in the restored state)."""
+        self.virtual_s = float(t)
+
+    def reconnect(self, grid: Grid) -> dict[int, int]:
+        """A resume's handshake on ``grid``: ``{party: node id}`` of the party nodes, whose states are put back."""
+        self.grid = grid
+        self.handshake()
+        return dict(self.nodes)
+
+    def maybe_checkpoint(self) -> None:
+        """Write a checkpoint when ``checkpoint-every`` mini-batches have passed since the last one
+        (:meth:`Checkpointer.write`; between two mini-batches, when nothing is on the wire)."""
+        if self.checkpoints.due(self.cfg.checkpoint_every, self.iteration):
+            meta = {"strategy": self.name, "config": self.cfg.as_dict(), "global_iteration": self.iteration,
+                    "rows": len(self.rows), "virtual_time_s": self.virtual_s}
+            wall = time.perf_counter() - self._wall0
+            self.checkpoints.write(self.checkpoint_path, _Direct(self.grid), meta, (wall, wall))
+
+    def restore(self) -> None:
+        """Continue from :attr:`resume_from` instead of the handshake and the PSI (:meth:`Checkpointer.restore`),
+        and cut the run's metric rows to the checkpoint's (:attr:`on_resume`).
+
+        Raises:
+            CheckpointError: unreadable, or of another strategy or configuration.
+        """
+        _, wall_s, _ = self.checkpoints.restore(self.grid, self.resume_from, self.cfg.as_dict(), defaults(), self)
+        self.checkpoints.last = self.iteration
+        self._wall0 = time.perf_counter() - wall_s
+        if self.on_resume is not None:
+            self.on_resume(self.rows)
 
     # ------------------------------------------------------------------ relay
     def settings(self, op: str, **extra: Any) -> ConfigRecord:
@@ -90,7 +159,7 @@ class VerticalSL:
                              "rows": c.vertical_rows, "join": c.vertical_join, "lr": c.lr,
                              "embedding": c.vertical_embedding, "test-fraction": c.vertical_test_fraction,
                              "batch-size": c.batch_size, "backend": self.backend, "label-holder": c.label_party,
-                             "reveal": True, "defence": c.label_defence,
+                             "reveal": True, "defence": c.label_defence, "run-dir": self.run_dir,
                              "noise": c.label_noise, "power": c.label_power, **extra})
 
     def exchange(self, requests: Mapping[int, RecordDict]) -> dict[int, RecordDict]:
@@ -140,6 +209,13 @@ class VerticalSL:
             raise ConfigError(f"vertical-sl needs parties {sorted(want)}, the nodes are parties {sorted(self.nodes)}")
 
     @property
+    def run_dir(self) -> str:
+        """The run directory, where a party node without a ``state-dir`` keeps its checkpoint key: that of the
+        checkpoint written or resumed from ("" without either)."""
+        path = self.checkpoint_path if self.checkpoint_path is not None else self.resume_from
+        return str(Path(path).parent) if path is not None else ""
+
+    @property
     def parties(self) -> int:
         """K, the parties (the label party included)."""
         return self.cfg.vertical_parties if self.cfg.dataset == "vertical-fmnist" else 2
@@ -166,15 +242,20 @@ class VerticalSL:
 
     def run(self) -> dict[str, Any]:
         """Handshake, PSI, ``global-iterations`` mini-batches with evaluations; returns the summary."""
-        wall = time.perf_counter()
-        self.handshake()
-        if self.cfg.vertical_psi == "cardinality":
-            return cardinality(self, wall)
-        align(self)
-        it = 0
+        wall = self._wall0 = time.perf_counter()
+        if self.resume_from is not None:
+            self.restore()
+            wall = self._wall0
+        else:
+            self.handshake()
+            if self.cfg.vertical_psi == "cardinality":
+                return cardinality(self, wall)
+            align(self)
+        it = self.iteration
+        evaluated = self.resume_from is not None  # a checkpoint of iteration `it` comes after its evaluation
         while True:
             every = self.cfg.eval_every  # 0: only before the first step and after the last
-            if it == 0 or (every and it % every == 0) or it == self.cfg.global_iterations:
+            if not evaluated and (it == 0 or (every and it % every == 0) or it == self.cfg.global_iterations):
                 m = self.step(it, "test")
                 self.rows.append({"global_iteration": it, "server_updates": it,
                                   "virtual_time_s": round(self.virtual_s, 6),
@@ -184,10 +265,12 @@ class VerticalSL:
                                   "exchanges": self.exchanges, "psi_bytes": self.psi_bytes,
                                   "intersection": self.shared})
                 self.on_row(self.rows[-1])
+            evaluated = False
             if it == self.cfg.global_iterations:
                 break
+            self.maybe_checkpoint()
             self.step(it)
-            it += 1
+            it = self.iteration = it + 1
         return summary(self, it, wall)
 
 
@@ -277,6 +360,32 @@ def _raise(party: int | None, reason: str) -> None:
     if last.startswith("ConfigError: "):
         raise ConfigError(f"{who}: {last.removeprefix('ConfigError: ')}")
     raise RunFailedError(f"{who}: {last}")
+
+
+class _Direct:
+    """What :class:`~strategies.core.checkpoint.Checkpointer` needs of a dispatcher, for a run that has none:
+    the vertical run exchanges synchronously, so between two mini-batches nothing is on the wire or queued."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
+
+    def drain(self, timeout: float) -> bool:
+        """Nothing is in flight: drained at once."""
+        return True
+
+    def arrived_errors(self) -> list[str]:
+        """No reply waits to be handled."""
+        return []
+
+    def release(self) -> None:
+        """Nothing to deliver."""
+
+    def state_dict(self) -> None:
+        """No pending work to save."""
+        return None
+
+    def load_state_dict(self, state: None) -> None:
+        """No pending work to restore."""
 
 
 def _msg(config: ConfigRecord, **arrays: Any) -> RecordDict:
