@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fl_app.data.vertical import FMNIST, vertical_names
 from fl_app.run.config import RunConfig, given_or_default
-from fl_app.data.vertical import FMNIST, VERTICAL_DATASETS
 from fl_app.run.errors import ConfigError
 from simulation.outputs.records import RunRecorder, default_output_dir, recorded_config
 
@@ -68,11 +68,11 @@ def check_vertical(cfg: RunConfig) -> None:
             (:func:`check_unread`).
     """
     check_unread(cfg)
-    names = [*VERTICAL_DATASETS, FMNIST]
+    names = vertical_names()
     if cfg.dataset not in names:
         raise ConfigError(f"strategy=vertical-sl needs a vertical dataset ({', '.join(names)}), not {cfg.dataset}")
     if cfg.dataset != FMNIST and cfg.vertical_parties != 2:
-        raise ConfigError(f"vertical-parties={cfg.vertical_parties}: {cfg.dataset} has 2 parties (its CSV pair)")
+        raise ConfigError(f"vertical-parties={cfg.vertical_parties}: {cfg.dataset} has 2 parties")
     if cfg.vertical_psi == "cardinality" and cfg.checkpoint_every:
         raise ConfigError(f"checkpoint-every={cfg.checkpoint_every}: vertical-psi=cardinality trains nothing, so it "
                           "writes no checkpoint; remove it")
