@@ -694,11 +694,11 @@ def test_sklearn_breast_party_dirs_hold_only_their_own_file_and_load_the_same_ta
 
 @needs_sklearn
 def test_vertical_sl_learns_sklearn_breast_cancer(tmp_path):
-    """300 mini-batches of 32 at lr 0.1, 90 % of the rows kept per party: held-out accuracy 0.9674 measured
-    (threshold 0.93)."""
+    """300 mini-batches of 32 at lr 0.1, 90 % of the rows kept per party: held-out accuracy 0.9891 measured
+    (``sflower run`` with the same keys), so 0.95 with a margin."""
     s = run_vertical(_cfg(tmp_path, "skl", dataset="vertical-breast-sklearn", **{"global-iterations": 300,
                                                                                   "eval-every": 150}), VerticalSL)
-    assert s["final_accuracy"] >= 0.93 and 400 < s["intersection"] < 520
+    assert s["final_accuracy"] >= 0.95 and 400 < s["intersection"] < 520
     rows = _metrics(tmp_path / "skl")
     assert float(rows[0]["test_accuracy"]) < float(rows[-1]["test_accuracy"])
 
