@@ -387,12 +387,15 @@ def test_split_lora_deployed_on_two_supernodes_matches_inprocess(tmp_path, sst2_
     if MISSING or flower_binaries_missing():
         pytest.skip(f"deployment needs {', '.join(MISSING)}")
     _, rows_local = lora_inprocess
-    keys = {**{k: str(v) for k, v in LORA.items()}, "data-dir": str(sst2_subset), "clock": "virtual"}
-    s = deploy(parse_deploy_args({**keys, "nodes": "2", "fast": "true", "timeout": "400",
+    # transport=auto picks sessions on the wall clock only: on the virtual clock they are asked for
+    keys = {**{k: str(v) for k, v in LORA.items()}, "data-dir": str(sst2_subset), "clock": "virtual",
+            "transport": "session"}
+    s = deploy(parse_deploy_args({**keys, "nodes": "2", "fast": "true", "timeout": "600",
                                   "run-dir": str(tmp_path / "run")}), quiet=True)
     run = Path(s["deploy"]["run_dir"])
     assert s["deploy"]["tls"] and s["deploy"]["auth"] and s["status"] == "completed" and s["failed_clients"] == []
     assert s["wire_bytes_up"] > s["bytes_up"] > 0  # the activations took the sessions
+    assert json.loads((run / "out" / "config.json").read_text())["transport"] == "session"
     for k in (0, 1):  # each node's own sentences, in SST-2's format, and the dev file
         d = run / "data" / f"partition-{k}"
         assert {"train.tsv", "dev.tsv"} <= {p.name for p in d.iterdir()}
