@@ -297,7 +297,7 @@ def test_partition_dirs_hold_the_sentences_a_node_reads_as_its_partition(tmp_pat
     holds its partition's rows of the training file, in the dataset's own format, and the test file; the node
     reads them (:func:`load_device_dataset`) as exactly its partition's token ids and labels."""
     from fl_app.data import load_device_dataset
-    from fl_app.learning.task import load_task, write_partition_dirs
+    from fl_app.learning.task import load_task, partition_config, write_partition_dirs
 
     src = _write_tiny(tmp_path / "csv", 40, 10)
     if name == "sst2":  # the same rows as GLUE's TSV, a quote in a sentence included
@@ -321,3 +321,6 @@ def test_partition_dirs_hold_the_sentences_a_node_reads_as_its_partition(tmp_pat
         assert torch.equal(own.x_test, task.data.x_test) and own.num_classes == task.data.num_classes
     with pytest.raises(ConfigError, match="node data-dir"):
         load_device_dataset(name, tmp_path / "csv" if name == "sst2" else tmp_path / "nodes")
+    # sflower partition: a text dataset's task takes its model
+    assert partition_config({"dataset": name, "data-dir": str(src)}).model == "minilm-l6"
+    assert partition_config({"dataset": "mnist-5k"}).model == make_cfg().model

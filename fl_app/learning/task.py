@@ -339,6 +339,19 @@ def write_partition_dirs(cfg: RunConfig, out_dir: str | os.PathLike[str]) -> lis
     return dirs
 
 
+def partition_config(pairs: dict[str, object]) -> RunConfig:
+    """The run configuration of ``sflower partition``'s keys (:data:`PARTITION_KEYS`): ``concurrency`` 1 and,
+    for a text dataset, ``model=minilm-l6`` (the task holds a model, and the image models take no text).
+
+    Raises:
+        ConfigError: a bad key or value.
+    """
+    from fl_app.data.text import TEXT_DATASETS
+
+    text = str(pairs.get("dataset", "")).strip() in TEXT_DATASETS
+    return RunConfig.from_mapping({**pairs, "concurrency": 1, **({"model": "minilm-l6"} if text else {})})
+
+
 def write_partition_plot(task: Task, path: str | os.PathLike[str]) -> None:
     """``partition.png`` of ``task``: its partitions' label histograms, as stacked bars (client sizes on top) up
     to 100 clients, as a client × label heatmap of the counts above (:data:`~fl_app.data.partition_plot.MAX_BAR_CLIENTS`).
