@@ -267,8 +267,8 @@ LORA_COLUMNS = ["global_iteration", "server_updates", "virtual_time_s", "test_ac
 @pytest.fixture(scope="module")
 def sst2_subset(tmp_path_factory, shared_data):
     """``DIR/sst2/{train,dev}.tsv``: the first 160 training and 48 dev sentences of ``../shared/data/sst2``, as
-    GLUE ships them (``dataset=sst2`` reads them; the 872 dev sentences alone cost an engine run tens of seconds of
-    evaluation on a loaded 2-core machine). Skips when SST-2 or the llm extra is absent."""
+    GLUE ships them (``dataset=sst2`` reads them; evaluating the 872 dev sentences twice would cost a run this short
+    most of its time). Skips when SST-2 or the llm extra is absent."""
     if not _have_llm():
         pytest.skip("the llm extra is not installed")
     src = shared_data / "sst2"

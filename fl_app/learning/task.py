@@ -348,8 +348,8 @@ def partition_config(pairs: dict[str, object]) -> RunConfig:
     """
     from fl_app.data.text import TEXT_DATASETS
 
-    text = str(pairs.get("dataset", "")).strip() in TEXT_DATASETS
-    return RunConfig.from_mapping({**pairs, "concurrency": 1, **({"model": "minilm-l6"} if text else {})})
+    cfg = RunConfig.from_mapping({**pairs, "concurrency": 1})
+    return RunConfig.from_mapping({**pairs, "concurrency": 1, "model": "minilm-l6"}) if cfg.dataset in TEXT_DATASETS else cfg
 
 
 def write_partition_plot(task: Task, path: str | os.PathLike[str]) -> None:
