@@ -388,8 +388,10 @@ def test_split_lora_deployed_on_two_supernodes_matches_inprocess(tmp_path, sst2_
         pytest.skip(f"deployment needs {', '.join(MISSING)}")
     _, rows_local = lora_inprocess
     # transport=auto picks sessions on the wall clock only: on the virtual clock they are asked for
+    # and a node's ClientApp imports transformers and builds the model before it dials its session: on a loaded
+    # 2-core machine that took longer than the default session-timeout (60 s)
     keys = {**{k: str(v) for k, v in LORA.items()}, "data-dir": str(sst2_subset), "clock": "virtual",
-            "transport": "session"}
+            "transport": "session", "session-timeout": "300"}
     s = deploy(parse_deploy_args({**keys, "nodes": "2", "fast": "true", "timeout": "600",
                                   "run-dir": str(tmp_path / "run")}), quiet=True)
     run = Path(s["deploy"]["run_dir"])
