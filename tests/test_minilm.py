@@ -287,3 +287,40 @@ def test_splitfed_v1_runs_end_to_end_on_tiny_sst2(tmp_path):
     up = [int(r["bytes_up"]) for r in rows]
     assert up[0] == 0 and up[1] > 2 * adapters and up[2] - up[1] > 2 * adapters
     assert all(0.0 <= float(r["test_accuracy"]) <= 1.0 for r in rows)
+
+
+# ----------------------------------------------------------------------------- a deployment's node data
+@needs_llm
+@pytest.mark.parametrize("name", ["sst2", "text-csv"])
+def test_partition_dirs_hold_the_sentences_a_node_reads_as_its_partition(tmp_path, name):
+    """``write_partition_dirs`` on a text dataset (what ``sflower deploy`` gives each SuperNode): each directory
+    holds its partition's rows of the training file, in the dataset's own format, and the test file; the node
+    reads them (:func:`load_device_dataset`) as exactly its partition's token ids and labels."""
+    from fl_app.data import load_device_dataset
+    from fl_app.learning.task import load_task, partition_config, write_partition_dirs
+
+    src = _write_tiny(tmp_path / "csv", 40, 10)
+    if name == "sst2":  # the same rows as GLUE's TSV, a quote in a sentence included
+        (tmp_path / "sst2").mkdir()
+        for csv_name, tsv_name in (("train.csv", "train.tsv"), ("test.csv", "dev.tsv")):
+            with open(src / csv_name, newline="", encoding="utf-8") as f:
+                rows = list(csv.DictReader(f))
+            rows[0]["text"] = 'a "quoted" film'
+            lines = ["sentence\tlabel\n"] + [f"{r['text']}\t{r['label']}\n" for r in rows]
+            (tmp_path / "sst2" / tsv_name).write_text("".join(lines), encoding="utf-8")
+        src = tmp_path / "sst2"
+    cfg = make_cfg(model="minilm-l6", dataset=name, data_dir=str(src), num_clients=3, partition="dirichlet",
+                   alpha=0.5, min_partition_size=2, cut_layer=3, seed=2)
+    task = load_task(cfg)
+    dirs = write_partition_dirs(cfg, tmp_path / "nodes")
+    assert len(dirs) == 3
+    for k, d in enumerate(dirs):
+        own = load_device_dataset(name, d)
+        part = task.partitions[k]
+        assert torch.equal(own.x_train, task.data.x_train[part]) and torch.equal(own.y_train, task.data.y_train[part])
+        assert torch.equal(own.x_test, task.data.x_test) and own.num_classes == task.data.num_classes
+    with pytest.raises(ConfigError, match="node data-dir"):
+        load_device_dataset(name, tmp_path / "csv" if name == "sst2" else tmp_path / "nodes")
+    # sflower partition: a text dataset's task takes its model
+    assert partition_config({"dataset": name, "data-dir": str(src)}).model == "minilm-l6"
+    assert partition_config({"dataset": "mnist-5k"}).model == make_cfg().model

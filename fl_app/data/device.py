@@ -14,6 +14,11 @@ set):
   directory or in ``DIR/cifar-10-batches-py``; optionally ``test_batch``.
 * ``cifar100``: ``train``, in the directory or in ``DIR/cifar-100-python``;
   optionally ``test``.
+* ``sst2``, ``text-csv`` (the ``llm`` extra): the training file and the test
+  file, as :func:`fl_app.data.text.load_text_dataset` reads them anywhere
+  (``train.tsv`` and ``dev.tsv``; ``train.csv`` and ``test.csv``). The test
+  file is not optional here: the labels are numbered over both files.
+  :func:`fl_app.data.text.write_text_partition` writes them.
 
 :func:`write_training_files` writes a set of examples in exactly that format
 (what ``sflower partition`` uses to give each partition its own directory), so
@@ -32,6 +37,7 @@ import numpy as np
 
 from fl_app.data import files
 from fl_app.data.dataset import DATASETS, ImageDataset, _make
+from fl_app.data.text import TEXT_DATASETS, TextDataset, load_text_dataset
 from fl_app.run.errors import ConfigError
 
 __all__ = ["IDX_DATASETS", "INPUT_SHAPES", "load_device_dataset", "write_training_files"]
@@ -55,7 +61,7 @@ def _expected(name: str) -> str:
     return ", ".join(_CIFAR_TRAIN[name])
 
 
-def load_device_dataset(name: str, data_dir: str | os.PathLike[str]) -> ImageDataset:
+def load_device_dataset(name: str, data_dir: str | os.PathLike[str]) -> ImageDataset | TextDataset:
     """Read the training examples a device holds (not cached: see :func:`fl_app.learning.task.load_device_task`).
 
     Args:
@@ -75,13 +81,18 @@ def load_device_dataset(name: str, data_dir: str | os.PathLike[str]) -> ImageDat
             files, images of another shape than the dataset's, labels out of
             range, or no training example at all.
     """
-    if name not in DATASETS:
-        raise ConfigError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS)}")
+    if name not in DATASETS + TEXT_DATASETS:
+        raise ConfigError(f"unknown dataset {name!r}; known datasets: {', '.join(DATASETS + TEXT_DATASETS)}")
     if data_dir is None or str(data_dir).strip() == "":
         raise ConfigError("node data-dir is empty; start the SuperNode with --node-config 'data-dir=DIR'")
     path = Path(str(data_dir)).expanduser()
     if not path.is_dir():
         raise ConfigError(f"node data-dir '{data_dir}' does not exist or is not a directory")
+    if name in TEXT_DATASETS:  # its own files, tokenised and cached as anywhere else (not cached in memory here)
+        try:
+            return load_text_dataset(name, path)
+        except ConfigError as err:
+            raise ConfigError(f"node data-dir '{data_dir}': {err}") from None
     if name in IDX_DATASETS:
         found = _load_idx_train(name, path)
     else:

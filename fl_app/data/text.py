@@ -19,6 +19,12 @@ next to the source files, or, when that directory is read-only, in
 hash of the source files, the tokenizer and :data:`MAX_TOKENS`, so an edited
 file is tokenised again.
 
+A node of a deployment (``--node-config data-dir=DIR``) reads its own ``DIR`` with
+:func:`load_text_dataset` too: :func:`write_text_partition` (what ``sflower
+partition`` and ``sflower deploy`` write) gives it its partition's rows of the
+training file, in the dataset's own format, and the whole test file, which
+fixes the label numbering.
+
 A batch is float32 ``(B, 1, 1, T_b)`` token ids, ``T_b`` the longest sentence
 of the batch (dynamic padding: SST-2's training sentences average 13 tokens),
 or ``T_b = MAX_TOKENS`` with ``text-padding=max``.
@@ -42,7 +48,7 @@ import torch
 from fl_app.data.dataset import index_tensor
 from fl_app.run.errors import ConfigError
 
-__all__ = ["TEXT_DATASETS", "MAX_TOKENS", "TextDataset", "load_text_dataset"]
+__all__ = ["TEXT_DATASETS", "MAX_TOKENS", "TextDataset", "load_text_dataset", "write_text_partition"]
 
 TEXT_DATASETS: tuple[str, ...] = ("sst2", "text-csv")
 #: Tokens per sentence at most, ``[CLS]`` and ``[SEP]`` included.
@@ -264,3 +270,49 @@ def load_text_dataset(name: str, data_dir: Path) -> TextDataset:
     return TextDataset(name=name, x_train=torch.from_numpy(arrays["x_train"]),
                        y_train=torch.from_numpy(arrays["y_train"]), x_test=torch.from_numpy(arrays["x_test"]),
                        y_test=torch.from_numpy(arrays["y_test"]), num_classes=int(arrays["num_classes"]))
+
+
+def write_text_partition(name: str, data_dir: Path, indices: np.ndarray, out_dir: Path) -> list[Path]:
+    """Write the training rows ``indices`` (in that order) of ``name`` under ``data_dir`` to ``out_dir``, in the
+    dataset's own format (``train.tsv`` for ``sst2``, ``train.csv`` for ``text-csv``, the source's header and
+    columns), and a copy of the test file (``dev.tsv``, ``test.csv``).
+
+    :func:`load_text_dataset` on ``out_dir`` then gives ``x_train[indices]`` and ``y_train[indices]`` of the
+    whole dataset (sentences are tokenised one by one) and its test split. The test file travels because the
+    labels are numbered over both files.
+
+    Returns:
+        The two paths written.
+
+    Raises:
+        ConfigError: the source files are missing or malformed; a sentence cannot be written in the format (a tab
+            or line break in an SST-2 sentence); or the node's rows and the test file would number the labels
+            otherwise than the whole dataset does (a label missing from both).
+    """
+    train_path, test_path, delimiter = _sources(name, Path(data_dir))
+    rows = _read_rows(train_path, delimiter)
+    labels = _columns(rows, train_path, name)[1]
+    test_labels = _columns(_read_rows(test_path, delimiter), test_path, name)[1]
+    idx = np.asarray(indices, dtype=np.int64)
+    whole, _, k_all = _label_ids(labels, test_labels, train_path)
+    own, _, k_own = _label_ids([labels[i] for i in idx], test_labels, train_path)
+    if k_own != k_all or not np.array_equal(own, whole[idx]):
+        raise ConfigError(f"{name}: a node holding these {len(idx)} rows and the test file would number the labels "
+                          f"otherwise than the whole dataset ({k_own} classes, not {k_all}): a label is in neither")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train_out, test_out = out / train_path.name, out / test_path.name
+    # as _read_rows reads them: SST-2's TSV unquoted (a quote is a character of the sentence), a CSV quoted
+    quoting = {"quoting": csv.QUOTE_NONE, "quotechar": None} if delimiter == "\t" else {}
+    fields = [k for k in rows[0] if k is not None]  # _columns refused an empty file
+    try:
+        with open(train_out, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=fields, delimiter=delimiter, lineterminator="\n",
+                                    extrasaction="ignore", **quoting)
+            writer.writeheader()
+            for i in idx:
+                writer.writerow(rows[i])
+    except csv.Error as err:
+        raise ConfigError(f"{name}: cannot write a training row to {train_out}: {err}") from None
+    test_out.write_bytes(test_path.read_bytes())
+    return [train_out, test_out]

@@ -295,7 +295,8 @@ def write_partition_dirs(cfg: RunConfig, out_dir: str | os.PathLike[str]) -> lis
 
     The partitions are the simulation's (:func:`load_task`'s, from the
     :data:`PARTITION_KEYS` of ``cfg``), each written in the device format of
-    the dataset (:func:`fl_app.data.write_training_files`), in partition
+    the dataset (:func:`fl_app.data.write_training_files`; a text dataset's
+    sentences with :func:`fl_app.data.text.write_text_partition`), in partition
     order, so that a node started with ``data-dir=out_dir/partition-K`` and
     ``partition-id=K`` trains exactly like simulated client ``K``. Each
     directory also gets ``partition.json`` (dataset, partition id and scheme
@@ -313,6 +314,7 @@ def write_partition_dirs(cfg: RunConfig, out_dir: str | os.PathLike[str]) -> lis
     import json
 
     from fl_app.data import write_training_files
+    from fl_app.data.text import TEXT_DATASETS, write_text_partition
 
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
@@ -321,9 +323,13 @@ def write_partition_dirs(cfg: RunConfig, out_dir: str | os.PathLike[str]) -> lis
     scheme = {k: cfg.get(k) for k in SCHEME_KEYS.get(cfg.partition, ())}
     x, y = task.data.x_train.numpy(), task.data.y_train.numpy()
     dirs = []
+    text = task.data.name in TEXT_DATASETS
     for k, part in enumerate(task.partitions):
         d = out / f"partition-{k}"
-        write_training_files(task.data.name, x[part], y[part], d)
+        if text:  # the partition's sentences as they are in the source file, and the test file
+            write_text_partition(task.data.name, Path(cfg.data_dir).expanduser(), part, d)
+        else:
+            write_training_files(task.data.name, x[part], y[part], d)
         meta = {"dataset": task.data.name, "partition-id": k, "num-partitions": len(task.partitions),
                 "partition": cfg.partition, "seed": cfg.seed, **scheme, "num-examples": int(len(part)),
                 "label-histogram": task.histogram(k).tolist()}
@@ -331,6 +337,19 @@ def write_partition_dirs(cfg: RunConfig, out_dir: str | os.PathLike[str]) -> lis
         dirs.append(d)
     write_partition_plot(task, out / "partition.png")
     return dirs
+
+
+def partition_config(pairs: dict[str, object]) -> RunConfig:
+    """The run configuration of ``sflower partition``'s keys (:data:`PARTITION_KEYS`): ``concurrency`` 1 and,
+    for a text dataset, ``model=minilm-l6`` (the task holds a model, and the image models take no text).
+
+    Raises:
+        ConfigError: a bad key or value.
+    """
+    from fl_app.data.text import TEXT_DATASETS
+
+    cfg = RunConfig.from_mapping({**pairs, "concurrency": 1})
+    return RunConfig.from_mapping({**pairs, "concurrency": 1, "model": "minilm-l6"}) if cfg.dataset in TEXT_DATASETS else cfg
 
 
 def write_partition_plot(task: Task, path: str | os.PathLike[str]) -> None:
