@@ -32,7 +32,8 @@ from strategies.core import client_states
 from simulation.timing.clocks import VirtualClock
 from strategies.core.dispatcher import Dispatcher, Request
 from strategies.core.errors import RunFailedError
-from tests.test_checkpoint import BASE, _columns, _reference, _same_metrics, for_strategy
+from tests.test_checkpoint import (BASE, _columns, _reference, _same_metrics, for_strategy,
+                                   reference_in_its_own_process, run_cli)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -170,22 +171,6 @@ def test_a_lost_node_is_excluded_by_default_and_rollback_needs_checkpoints(tmp_p
     assert "node-loss=rollback needs checkpoint-every" in err and err.count("\n") == 1
 
 
-def _run_cli(*args: str, **kw) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "simulation.cli", "run", "-q", *args], cwd=REPO, env=env,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
-
-
-def _reference_in_its_own_process(tmp_path, cfg: dict):
-    """An uninterrupted in-process run made like the runs it is compared with: ``sflower run`` in a fresh process
-    with :func:`_run_cli`'s environment (``OMP_NUM_THREADS=1``), not in the test process, whose torch thread count
-    and state earlier tests may have changed; returns its metrics.csv."""
-    out = tmp_path / "reference"
-    proc = _run_cli(*[f"{k}={v}" for k, v in cfg.items()], f"output-dir={out}")
-    assert proc.wait(timeout=600) == 0, proc.stderr.read().decode()[-2000:]
-    return out / "metrics.csv"
-
-
 @pytest.mark.e2e  # two sflower run engine=ray processes (Ray instances), one of them SIGKILLed
 @pytest.mark.parametrize("strategy", ["gas", "ringsfl"])
 def test_ray_run_sigkilled_after_a_checkpoint_resumes_identically(tmp_path, strategy):
@@ -193,7 +178,7 @@ def test_ray_run_sigkilled_after_a_checkpoint_resumes_identically(tmp_path, stra
     ``engine=ray resume=RUN_DIR`` finishes it with the metrics of an uninterrupted in-process run."""
     cfg = {**for_strategy(strategy)}
     run_dir = tmp_path / "killed"
-    proc = _run_cli("engine=ray", *[f"{k}={v}" for k, v in cfg.items()], "checkpoint-every=1",
+    proc = run_cli("engine=ray", *[f"{k}={v}" for k, v in cfg.items()], "checkpoint-every=1",
                     f"output-dir={run_dir}")
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
@@ -207,7 +192,7 @@ def test_ray_run_sigkilled_after_a_checkpoint_resumes_identically(tmp_path, stra
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (run_dir / "summary.json").exists()
-    resumed = _run_cli("engine=ray", f"resume={run_dir}")
+    resumed = run_cli("engine=ray", f"resume={run_dir}")
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read().decode()[-2000:]
-    _same_metrics(run_dir / "metrics.csv", _reference_in_its_own_process(tmp_path, cfg))
+    _same_metrics(run_dir / "metrics.csv", reference_in_its_own_process(tmp_path, cfg))
     assert len(_columns(run_dir / "metrics.csv")["global_iteration"]) == 7
