@@ -3,7 +3,8 @@
 Usage:
   python docs/results/privacy-tradeoff/collect.py RUNS_DIR > docs/results/privacy-tradeoff/tradeoff.csv
   python docs/results/privacy-tradeoff/collect.py --summary docs/results/privacy-tradeoff/tradeoff.csv
-    (writes summary.csv, summary.md, accuracy-vs-labels.png and accuracy-vs-psnr.png beside tradeoff.csv)
+    (writes summary.csv, summary.md, accuracy-vs-labels.png and accuracy-vs-psnr.png beside tradeoff.csv,
+    and puts summary.md into README.md's generated block)
 
 `tradeoff.csv` has one row per seed, run and attack (the rows of privacy-strongest/collect.py, whose parsing
 this reuses, with the seed and the run's final test accuracy). The summary takes, per run, the worst-case
@@ -33,6 +34,7 @@ ORDER = ("u-none", "u-hidden", "u-max-norm", "u-marvell-1", "u-iso-1", "u-nopeek
          "u-hidden+max-norm", "u-max-norm+noise-0.03", "prefix", "prefix-hidden")
 BASELINE = {v: ("prefix" if v.startswith("prefix") else "u-none") for v in ORDER}
 SENT = "sent (prefix split)"
+BEGIN, END = "<!-- tt: collect.py --summary tradeoff.csv -->\n", "<!-- end tt -->"
 
 
 def collect(runs: Path):
@@ -146,8 +148,9 @@ def markdown(rows: list[dict], runs: dict) -> str:
     attacks = [*LABEL_ATTACKS, *INPUT_ATTACKS]
     lines += ["", "What each defence changes, attack by attack: the mean over seeds of the defended run's score minus "
               "its baseline's (U-shaped: `u-none`; prefix: `prefix`) at the same seed, with its 95 % interval; "
-              "**nothing**: the interval covers 0 (the difference is within the seed spread); label accuracy in "
-              "points of accuracy, PSNR in dB.", "",
+              "**nothing**: the interval covers 0 (no change distinguishable from the seed spread; for the test "
+              "accuracy: no cost distinguishable); label accuracy as a fraction, PSNR in dB; a wider interval at "
+              "fewer seeds makes **nothing** easier to reach.", "",
               "| defence (vs baseline) | test accuracy | " + " | ".join(attacks) + " |",
               "|---|---|" + "---|" * len(attacks)]
     for v in [r["variant"] for r in rows]:
@@ -175,14 +178,17 @@ def plot(rows: list[dict], x: str, xlabel: str, path: Path, skip_prefix: bool) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for r in rows:
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    markers = "osD^v<>pPX*h"
+    for i, r in enumerate(rows):
         if skip_prefix and r["variant"].startswith("prefix"):
             continue
         err = lambda k: 0 if r[f"{k}_ci95"] == "" else r[f"{k}_ci95"]  # noqa: E731
-        ax.errorbar(r[f"{x}_mean"], r["accuracy_mean"], xerr=err(x), yerr=err("accuracy"), fmt="o", capsize=3,
-                    label=f"{r['variant']} ({r['seeds']} seeds)")
-    ax.set_xlabel(xlabel)
+        ax.errorbar(r[f"{x}_mean"], r["accuracy_mean"], xerr=err(x), yerr=err("accuracy"), fmt=markers[i % len(markers)],
+                    capsize=3, label=f"{r['variant']} ({r['seeds']} seeds)")
+    if x == "labels":
+        ax.axvline(0.110, color="grey", ls=":", lw=1, label="chance (0.110)")
+    ax.set_xlabel(xlabel, fontsize=9)
     ax.set_ylabel("final test accuracy")
     ax.set_title("mnist-5k, LeNet-5, SplitFed-V1: mean and 95 % t-interval over seeds")
     ax.legend(fontsize=7, loc="best")
@@ -192,25 +198,34 @@ def plot(rows: list[dict], x: str, xlabel: str, path: Path, skip_prefix: bool) -
     plt.close(fig)
 
 
-def write_summary(path: Path) -> None:
+def write_summary(path: Path, out: Path | None = None, plots: bool = True) -> str:
+    """Write summary.csv, summary.md and (``plots``) the two plots of ``path`` into ``out`` (default: beside it)."""
+    out = out or path.parent
     table = list(csv.DictReader(path.open()))
     runs = per_run(table)
     rows = summary(runs)
-    with (path.parent / "summary.csv").open("w") as f:
+    with (out / "summary.csv").open("w") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
-    (path.parent / "summary.md").write_text(markdown(rows, runs) + "\n")
-    plot(rows, "labels", "worst-case label accuracy (gradient matching static/tracked, k-means, spectral; "
-         "chance 0.11)", path.parent / "accuracy-vs-labels.png", skip_prefix=True)
-    plot(rows, "psnr", "worst-case inversion PSNR, dB (decoder, white-box least squares)",
-         path.parent / "accuracy-vs-psnr.png", skip_prefix=False)
-    print((path.parent / "summary.md").read_text(), end="")
+    text = markdown(rows, runs) + "\n"
+    (out / "summary.md").write_text(text)
+    if plots:
+        plot(rows, "labels", "worst-case label accuracy (gradient matching static/tracked, k-means, spectral; "
+             "chance 0.11)", out / "accuracy-vs-labels.png", skip_prefix=True)
+        plot(rows, "psnr", "worst-case inversion PSNR, dB (decoder, white-box least squares)",
+             out / "accuracy-vs-psnr.png", skip_prefix=False)
+    return text
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--summary":
-        write_summary(Path(sys.argv[2]))
+        text = write_summary(Path(sys.argv[2]))
+        readme = Path(sys.argv[2]).parent / "README.md"
+        if readme.is_file() and BEGIN in readme.read_text():  # the README's table is summary.md
+            head, rest = readme.read_text().split(BEGIN, 1)
+            readme.write_text(head + BEGIN + text + END + rest.split(END, 1)[1])
+        print(text, end="")
         sys.exit(0)
     out = csv.DictWriter(sys.stdout, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
     out.writeheader()
