@@ -149,7 +149,8 @@ def markdown(rows: list[dict], runs: dict) -> str:
     lines += ["", "What each defence changes, attack by attack: the mean over seeds of the defended run's score minus "
               "its baseline's (U-shaped: `u-none`; prefix: `prefix`) at the same seed, with its 95 % interval; "
               "**nothing**: the interval covers 0 (no change distinguishable from the seed spread; for the test "
-              "accuracy: no cost distinguishable); label accuracy as a fraction, PSNR in dB; a wider interval at "
+              "accuracy: no cost distinguishable); a variant at one seed: **nothing** where its score lies inside "
+              "the baseline's range over the baseline's seeds; label accuracy as a fraction, PSNR in dB; a wider interval at "
               "fewer seeds makes **nothing** easier to reach.", "",
               "| defence (vs baseline) | test accuracy | " + " | ".join(attacks) + " |",
               "|---|---|" + "---|" * len(attacks)]
@@ -165,8 +166,15 @@ def markdown(rows: list[dict], runs: dict) -> str:
                 continue
             n, m, h = p
             d = 2 if key in INPUT_ATTACKS else 3
-            iv = "" if math.isnan(h) else f" [{m - h:+.{d}f}, {m + h:+.{d}f}]"
+            iv = " (1 seed)" if math.isnan(h) else f" [{m - h:+.{d}f}, {m + h:+.{d}f}]"
             word = verdict(n, m, h, lower_is_defence=key != "accuracy")
+            if n == 1:  # one seed: inside the baseline's range over all its seeds, or not
+                seed = next(s for (v_, s) in runs if v_ == v and key in runs[(v_, s)] and (b, s) in runs)
+                value = runs[(v, seed)][key]
+                base = [r[key] for (v_, _), r in runs.items() if v_ == b and key in r]
+                lo, hi = min(base), max(base)
+                word = "nothing" if lo <= value <= hi else (
+                    ("lowers" if value < lo else "raises") if key != "accuracy" else ("below" if value < lo else "above"))
             cells.append(f"{m:+.{d}f}{iv} **{word}**" if word == "nothing" else f"{m:+.{d}f}{iv} {word}")
         lines.append(f"| {v} (vs {b}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
