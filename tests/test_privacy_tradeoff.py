@@ -1,5 +1,5 @@
 """docs/results/privacy-tradeoff/: its summary (summary.csv, summary.md) is what collect.py makes of its
-tradeoff.csv, and the README's table is that summary."""
+tradeoff.csv, and the tables of its README and of docs/results/privacy.md are that summary."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ def test_the_summary_is_rebuilt_from_tradeoff_csv(tmp_path):
     assert (tmp_path / "summary.csv").read_text() == (OUT / "summary.csv").read_text()
 
 
-def test_the_readme_shows_the_summary():
-    readme = (OUT / "README.md").read_text()
-    block = readme.split("<!-- tt: collect.py --summary tradeoff.csv -->\n")[1].split("<!-- end tt -->")[0]
-    assert block == (OUT / "summary.md").read_text()
+def test_the_readme_and_the_results_page_show_the_summary():
+    found = _collect().pages(OUT)
+    assert [p.name for p, _ in found] == ["README.md", "privacy.md"]
+    for page, begin in found:
+        block = page.read_text().split(begin)[1].split("<!-- end tt -->")[0]
+        assert block == (OUT / "summary.md").read_text(), page

@@ -4,7 +4,7 @@ Usage:
   python docs/results/privacy-tradeoff/collect.py RUNS_DIR > docs/results/privacy-tradeoff/tradeoff.csv
   python docs/results/privacy-tradeoff/collect.py --summary docs/results/privacy-tradeoff/tradeoff.csv
     (writes summary.csv, summary.md, accuracy-vs-labels.png and accuracy-vs-psnr.png beside tradeoff.csv,
-    and puts summary.md into README.md's generated block)
+    and puts summary.md into the generated blocks of README.md and docs/results/privacy.md)
 
 `tradeoff.csv` has one row per seed, run and attack (the rows of privacy-strongest/collect.py, whose parsing
 this reuses, with the seed and the run's final test accuracy). The summary takes, per run, the worst-case
@@ -35,6 +35,13 @@ ORDER = ("u-none", "u-hidden", "u-max-norm", "u-marvell-1", "u-iso-1", "u-nopeek
 BASELINE = {v: ("prefix" if v.startswith("prefix") else "u-none") for v in ORDER}
 SENT = "sent (prefix split)"
 BEGIN, END = "<!-- tt: collect.py --summary tradeoff.csv -->\n", "<!-- end tt -->"
+BEGIN_RESULTS_PAGE = "<!-- tt: privacy-tradeoff/collect.py --summary privacy-tradeoff/tradeoff.csv -->\n"
+
+
+def pages(out: Path) -> list[tuple[Path, str]]:
+    """The pages that show summary.md in a generated block, with the block's opening line."""
+    found = [(out / "README.md", BEGIN), (out.parent / "privacy.md", BEGIN_RESULTS_PAGE)]
+    return [(p, b) for p, b in found if p.is_file() and b in p.read_text()]
 
 
 def collect(runs: Path):
@@ -91,7 +98,9 @@ def fmt(mean: float, half: float, digits: int) -> str:
 
 
 def by_what(names: list[str]) -> str:
-    return ", ".join(f"{a} ({n}/{len(names)})" for a, n in Counter(names).most_common())
+    """Each attack with the number of seeds at which it attained the worst case (ties count for each)."""
+    counts = Counter(a for n in names for a in n.split(" = "))
+    return ", ".join(f"{a} ({n}/{len(names)})" for a, n in counts.most_common())
 
 
 def summary(runs: dict) -> list[dict]:
@@ -229,10 +238,9 @@ def write_summary(path: Path, out: Path | None = None, plots: bool = True) -> st
 if __name__ == "__main__":
     if sys.argv[1] == "--summary":
         text = write_summary(Path(sys.argv[2]))
-        readme = Path(sys.argv[2]).parent / "README.md"
-        if readme.is_file() and BEGIN in readme.read_text():  # the README's table is summary.md
-            head, rest = readme.read_text().split(BEGIN, 1)
-            readme.write_text(head + BEGIN + text + END + rest.split(END, 1)[1])
+        for page, begin in pages(Path(sys.argv[2]).parent):  # each page's block is summary.md
+            head, rest = page.read_text().split(begin, 1)
+            page.write_text(head + begin + text + END + rest.split(END, 1)[1])
         print(text, end="")
         sys.exit(0)
     out = csv.DictWriter(sys.stdout, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
