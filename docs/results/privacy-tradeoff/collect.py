@@ -77,6 +77,7 @@ def per_run(table: list[dict]) -> dict[tuple[str, int], dict]:
             continue
         if r["attack"] in LABEL_ATTACKS and r["accuracy"]:
             run[r["attack"]] = float(r["accuracy"])
+            run["chance"] = float(r["chance"])
         if r["attack"] in INPUT_ATTACKS and r["psnr"]:
             run[r["attack"]] = float(r["psnr"])
     for run in runs.values():
@@ -155,6 +156,18 @@ def markdown(rows: list[dict], runs: dict) -> str:
         lines.append(f"| {a} − {b} | {n} | {m:+.4f} | " + ("–" if math.isnan(h) else f"[{m - h:+.4f}, {m + h:+.4f}]")
                      + f" | {what} |")
     attacks = [*LABEL_ATTACKS, *INPUT_ATTACKS]
+    chance = [x["chance"] for x in runs.values() if "chance" in x]
+    lines += ["", f"Each attack's score (label accuracy, chance {min(chance):.3f}–{max(chance):.3f} by seed; PSNR in "
+              "dB), mean over seeds ± 95 % half-width "
+              "(\"–\": not run, or the server holds the labels):", "",
+              "| variant | seeds | " + " | ".join(attacks) + " |", "|---|---|" + "---|" * len(attacks)]
+    for r in rows:
+        rs = [x for (v, _), x in sorted(runs.items()) if v == r["variant"]]
+        cells = []
+        for a in attacks:
+            xs = [x[a] for x in rs if a in x]
+            cells.append(fmt(*t_interval(xs), 2 if a in INPUT_ATTACKS else 3) if xs else "–")
+        lines.append(f"| {r['variant']} | {r['seeds']} | " + " | ".join(cells) + " |")
     lines += ["", "What each defence changes, attack by attack: the mean over seeds of the defended run's score minus "
               "its baseline's (U-shaped: `u-none`; prefix: `prefix`) at the same seed, with its 95 % interval; "
               "**nothing**: the interval covers 0 (no change distinguishable from the seed spread; for the test "
@@ -204,7 +217,7 @@ def plot(rows: list[dict], x: str, xlabel: str, path: Path, skip_prefix: bool) -
         ax.errorbar(r[f"{x}_mean"], r["accuracy_mean"], xerr=err(x), yerr=err("accuracy"), fmt=markers[i % len(markers)],
                     capsize=3, label=f"{r['variant']} ({r['seeds']} seeds)")
     if x == "labels":
-        ax.axvline(0.110, color="grey", ls=":", lw=1, label="chance (0.110)")
+        ax.axvline(0.110, color="grey", ls=":", lw=1, label="chance (about 0.11)")
     ax.set_xlabel(xlabel, fontsize=9)
     ax.set_ylabel("final test accuracy")
     ax.set_title("mnist-5k, LeNet-5, SplitFed-V1: mean and 95 % t-interval over seeds")
@@ -229,7 +242,7 @@ def write_summary(path: Path, out: Path | None = None, plots: bool = True) -> st
     (out / "summary.md").write_text(text)
     if plots:
         plot(rows, "labels", "worst-case label accuracy (gradient matching static/tracked, k-means, spectral; "
-             "chance 0.11)", out / "accuracy-vs-labels.png", skip_prefix=True)
+             "chance about 0.11)", out / "accuracy-vs-labels.png", skip_prefix=True)
         plot(rows, "psnr", "worst-case inversion PSNR, dB (decoder, white-box least squares)",
              out / "accuracy-vs-psnr.png", skip_prefix=False)
     return text
