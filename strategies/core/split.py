@@ -154,12 +154,22 @@ class SplitMixin(HiddenClientModels, LabelPrivateSplit):
             raise ConfigError("server-optimizer=zo needs client-optimizer=zo (a ZO server computes no "
                               "activation gradient for first-order clients)")
 
+    def server_flops(self, batch: float, *, forward: bool = True, backward: bool = True) -> float:
+        """FLOPs of the server-side blocks (``[cut, L)``, or the middle ``[c1, c2)`` of a U-shaped split) on
+        ``batch`` samples: forward and/or backward (the backward with the input gradient), from the block
+        profiles (:meth:`fl_app.costs.BlockCosts.flops`; ``batch-parallel`` counts one sample). What
+        :meth:`~strategies.core.base.SFLStrategy.charge_server` charges for a server step."""
+        start, end = self.cuts if self.cuts else (self.cut, self.costs.num_blocks)
+        return self.costs.flops(start, end, batch, forward=forward, backward=backward)
+
     def zo_server_update(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, key: int) -> float:
         """One ZO-SGD step of server-side model ``key`` (a client's copy: its partition id) at
-        :attr:`server_side_lr` (:func:`~strategies.core.server_step.zo_step`); counts one server update.
+        :attr:`server_side_lr` (:func:`~strategies.core.server_step.zo_step`); counts one server update
+        and charges its ``2P + 1`` forward passes of ``x`` as server compute.
         Returns the loss before the step; raises ``DivergedError`` when it is not finite."""
         loss = zo_step(model, x, y, self.cfg, key, self.server_updates, self.server_side_lr)
         self.server_updates += 1
+        self.charge_server((2 * self.cfg.perturbations + 1) * self.server_flops(x.shape[0], backward=False))
         return loss
 
     def optimizer_config(self, clip_norm: float | None = None) -> dict[str, Any]:
@@ -220,6 +230,8 @@ class SplitMixin(HiddenClientModels, LabelPrivateSplit):
         if not self.client_zo:
             return grad
         plus, minus = self.zo_pairs.pop(pid)
+        # the 2P forward passes of the perturbed pairs are server compute
+        self.charge_server(2 * plus.shape[0] * self.server_flops(plus.shape[1], backward=False))
         return loss_differences(model, plus, minus, labels, loss_fn)
 
     def smashed_of(self, pid: int, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -240,6 +252,8 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
     - ``server_iteration(batches)`` (required): ``pid -> (x, y)`` to ``pid -> gradient`` (or
       :class:`ZOFeedback`; None: the client gets no gradient and takes no step); the shared steps are in
       :mod:`strategies.core.server_step`.
+    - ``server_iteration_flops(batches, grads)``: the first-order server FLOPs of that iteration, charged on
+      the clock (``server-speed``; default: one forward and backward of each client's batch).
     - ``batch_size_for(pid, cohort)``: each client's batch size (default B).
     - ``begin_round(cohort)``: before the first forward (e.g. copy server models).
     - ``timed_cut(pid)``: the cut a client's work is charged at (S²FL).
@@ -284,6 +298,30 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         """
         raise NotImplementedError
 
+    def server_iteration_flops(self, batches: Mapping[int, tuple[torch.Tensor, torch.Tensor | None]],
+                               grads: Mapping[int, Any]) -> float:
+        """FLOPs of the first-order server work of one :meth:`server_iteration` on ``batches`` that returned
+        ``grads``, charged as server compute after it (:meth:`serve`).
+
+        Default: one forward and one backward (with the input gradient) of the server-side blocks per
+        activation row, which is what SplitFed-V1/V2, MiniBatch-SFL, vanilla SL, PSL and EPSL compute
+        (EPSL back-propagates once over all rows too); 0 with a ZO server, whose steps and feedback
+        charge themselves (:meth:`zo_server_update`, :meth:`feedback`). S²FL, GAPSL and MU-SplitFed
+        override it.
+        """
+        if self.server_zo:
+            return 0.0
+        return self.server_flops(sum(x.shape[0] for x, _ in batches.values()))
+
+    def serve(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor | None]],
+              ) -> dict[int, torch.Tensor | ZOFeedback | None]:
+        """:meth:`server_iteration`, then its FLOPs (:meth:`server_iteration_flops`) charged as server
+        compute (:meth:`~strategies.core.base.SFLStrategy.charge_server`): every synchronous round runs its
+        server side through here."""
+        grads = self.server_iteration(batches)
+        self.charge_server(self.server_iteration_flops(batches, grads))
+        return grads
+
     def collect_client_models(self, uploads: Mapping[int, dict[str, torch.Tensor]]) -> None:
         """Aggregate the uploaded client-side models (:meth:`aggregate_models`, ascending pid; default the
         eq. 10 weighted mean) into the current one; sealed ones are kept for the clients to average."""
@@ -321,7 +359,7 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         uploads: dict[int, dict[str, torch.Tensor]] = {}
         done = 0
         while replies:
-            grads = self.server_iteration({pid: self.smashed_of(pid, c) for pid, c in replies.items()})
+            grads = self.serve({pid: self.smashed_of(pid, c) for pid, c in replies.items()})
             if self.cuts:  # a client whose tail failed is excluded: it gets nothing more
                 grads = {pid: g for pid, g in grads.items() if pid not in self.membership.failed}
             done += 1
