@@ -130,8 +130,6 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         self.recorder, self.progress = recorder, progress
         self.global_iteration = 0
         self.server_updates = 0
-        #: virtual seconds the server computed (:meth:`charge_server`; 0 unless ``server-speed`` is finite)
-        self.server_virtual_s = 0.0
         #: the clients: handshake, re-admission, selection, exclusion
         self.membership = Membership(cfg.seed, task.data.num_classes, histograms=not cfg.ushaped)
         #: sending, receiving, metering (its dispatcher is made after the handshake)
@@ -367,29 +365,6 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         """:func:`strategies.core.exchange.request_seconds` with the run's timing and :attr:`d2d_bps`."""
         return request_seconds(self.timing, self.d2d_bps, pid, request, draw)
 
-    def charge_server(self, flops: float) -> float:
-        """Charge ``flops`` FLOPs of server compute on the clock; returns the seconds charged.
-
-        The server is one queue (docs/explanation/design.md §6, "Server compute"): its work starts when it
-        handles the reply that triggers it, or when its previous work ends, whichever is later, and
-        takes ``flops / server-speed`` seconds (:meth:`Timing.server_seconds
-        <strategies.core.clock.Timing.server_seconds>`). Since the event loop *is* the server, the clock
-        moves forward by that much: requests sent after the work start after it, and replies due
-        meanwhile wait to be handled until it ends (the clock never moves backwards). Clients go on
-        with work already sent. At the default ``server-speed=inf`` (and with the wall clock, where
-        the work takes its real time) this charges 0 s and changes nothing.
-
-        Every strategy charges through here: :class:`~strategies.core.split.SplitMixin`'s ZO steps and
-        feedback, :meth:`SyncSplitStrategy.server_iteration_flops
-        <strategies.core.split.SyncSplitStrategy.server_iteration_flops>` after each synchronous server
-        iteration, and GAS's activation gradients, server steps and generation.
-        """
-        seconds = self.timing.server_seconds(flops)
-        if seconds > 0:
-            self.clock.advance_to(self.clock.now() + seconds)
-            self.server_virtual_s += seconds
-        return seconds
-
     def validate_reply(self, pid: int, request: Request, content: RecordDict) -> ReplyProblem | None:
         """Hook: why ``content`` is unusable as client ``pid``'s reply to ``request``, or None. Called by
         :meth:`receive` on every successful reply before any strategy code decodes it; a problem excludes the
@@ -458,12 +433,9 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         """The summary.json content (:meth:`MetricLog.summary <strategies.core.metrics.MetricLog.summary>`)."""
         waited = self.dispatcher.seconds if self.dispatcher else 0.0
         clients = {**self.membership.summary(), "rollbacks": self.checkpoints.rollbacks}
-        out = self.metric_log.summary(self.name, self.status, self.counters(), clients,
-                                      metrics.server_compute_seconds(self.run_seconds, waited,
-                                                                     self.metric_log.eval_seconds))
-        if math.isfinite(self.cfg.server_speed):
-            out["server_virtual_s"] = self.server_virtual_s  # only when charged: default summaries unchanged
-        return out
+        return self.metric_log.summary(self.name, self.status, self.counters(), clients,
+                                       metrics.server_compute_seconds(self.run_seconds, waited,
+                                                                      self.metric_log.eval_seconds))
 
     # ------------------------------------------------------------------ checkpoints
     #: Attributes that are not server state: the run's environment (the resumed run brings its own), wall-clock
@@ -497,7 +469,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         (:class:`~strategies.core.loops.AsyncStrategy`); none is written once the run has stopped."""
         if self.checkpoints.due(self.cfg.checkpoint_every, self.global_iteration):
             assert self.dispatcher is not None
-            meta = {"strategy": self.name, "config": self.cfg.as_dict(), "global_iteration": self.global_iteration,
+            meta = {"strategy": self.name, "config": ckpt.plain_config(self.cfg.as_dict()), "global_iteration": self.global_iteration,
                     "rows": len(self.rows), "virtual_time_s": self.clock.now()}
             self.checkpoints.write(self.checkpoint_path, self.dispatcher, meta,
                                    (time.monotonic() - self._wall0, time.perf_counter() - self._run_start))

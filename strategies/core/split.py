@@ -38,6 +38,7 @@ from strategies.core.loops import SyncStrategy
 from strategies.core.dispatcher import Request
 from strategies.core.hidden import HiddenClientModels, SealedModels
 from strategies.core.requests import optimizer_settings
+from strategies.core.server_compute import ServerCompute
 from strategies.core.server_step import LossFn, zo_step
 from strategies.core.ushaped import LabelPrivateSplit
 
@@ -86,7 +87,7 @@ def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, 
     return ZOFeedback(diffs)
 
 
-class SplitMixin(HiddenClientModels, LabelPrivateSplit):
+class SplitMixin(ServerCompute, HiddenClientModels, LabelPrivateSplit):
     """The global model split at the cut layer (or two: :mod:`strategies.core.ushaped`), and the requests. Hooks:
 
     - ``server_side_lr``, ``client_side_lr``, ``client_zo``, ``server_zo`` (properties): each side's rate; ZO or not.
@@ -153,14 +154,6 @@ class SplitMixin(HiddenClientModels, LabelPrivateSplit):
         if cfg.get("server-optimizer") == "zo" and cfg.get("client-optimizer") != "zo":
             raise ConfigError("server-optimizer=zo needs client-optimizer=zo (a ZO server computes no "
                               "activation gradient for first-order clients)")
-
-    def server_flops(self, batch: float, *, forward: bool = True, backward: bool = True) -> float:
-        """FLOPs of the server-side blocks (``[cut, L)``, or the middle ``[c1, c2)`` of a U-shaped split) on
-        ``batch`` samples: forward and/or backward (the backward with the input gradient), from the block
-        profiles (:meth:`fl_app.costs.BlockCosts.flops`; ``batch-parallel`` counts one sample). What
-        :meth:`~strategies.core.base.SFLStrategy.charge_server` charges for a server step."""
-        start, end = self.cuts if self.cuts else (self.cut, self.costs.num_blocks)
-        return self.costs.flops(start, end, batch, forward=forward, backward=backward)
 
     def zo_server_update(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, key: int) -> float:
         """One ZO-SGD step of server-side model ``key`` (a client's copy: its partition id) at
@@ -316,7 +309,7 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
     def serve(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor | None]],
               ) -> dict[int, torch.Tensor | ZOFeedback | None]:
         """:meth:`server_iteration`, then its FLOPs (:meth:`server_iteration_flops`) charged as server
-        compute (:meth:`~strategies.core.base.SFLStrategy.charge_server`): every synchronous round runs its
+        compute (:meth:`~strategies.core.server_compute.ServerCompute.charge_server`): every synchronous round runs its
         server side through here."""
         grads = self.server_iteration(batches)
         self.charge_server(self.server_iteration_flops(batches, grads))
