@@ -15,7 +15,7 @@ import math
 import pandas as pd
 import pytest
 
-from fl_app.errors import ConfigError
+from fl_app.run.errors import ConfigError
 from simulation.cli import main
 from simulation.timing.durations import DeviceTiming, ZeroTiming
 from simulation.timing.profiles import DeviceProfile

@@ -24,7 +24,7 @@ class ServerCompute:
     def server_flops(self, batch: float, *, forward: bool = True, backward: bool = True) -> float:
         """FLOPs of the server-side blocks (``[cut, L)``, or the middle ``[c1, c2)`` of a U-shaped split) on
         ``batch`` samples: forward and/or backward (the backward with the input gradient), from the block
-        profiles (:meth:`fl_app.costs.BlockCosts.flops`; ``batch-parallel`` counts one sample). What
+        profiles (:meth:`fl_app.learning.costs.BlockCosts.flops`; ``batch-parallel`` counts one sample). What
         :meth:`charge_server` charges for a server step."""
         start, end = self.cuts if self.cuts else (self.cut, self.costs.num_blocks)
         return self.costs.flops(start, end, batch, forward=forward, backward=backward)
