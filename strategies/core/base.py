@@ -469,7 +469,7 @@ class SFLStrategy(ModelAggregation, EventLoopStrategy):
         (:class:`~strategies.core.loops.AsyncStrategy`); none is written once the run has stopped."""
         if self.checkpoints.due(self.cfg.checkpoint_every, self.global_iteration):
             assert self.dispatcher is not None
-            meta = {"strategy": self.name, "config": ckpt.plain_config(self.cfg.as_dict()), "global_iteration": self.global_iteration,
+            meta = {"strategy": self.name, "config": self.cfg.as_dict(), "global_iteration": self.global_iteration,
                     "rows": len(self.rows), "virtual_time_s": self.clock.now()}
             self.checkpoints.write(self.checkpoint_path, self.dispatcher, meta,
                                    (time.monotonic() - self._wall0, time.perf_counter() - self._run_start))

@@ -140,9 +140,11 @@ def write(path: str | Path, meta: Mapping[str, Any], state: bytes) -> None:
     the SHA-256 digest of everything before it (:data:`DIGEST_BYTES` bytes).
 
     Raises:
-        CheckpointError: ``meta`` is not plain JSON.
+        CheckpointError: ``meta`` is not plain JSON (its ``config``'s non-finite floats are written as
+            strings: :func:`plain_config`).
     """
     path = Path(path)
+    meta = {**meta, "config": plain_config(meta["config"])} if "config" in meta else meta
     try:
         header = json.dumps({"format": FORMAT, "meta": dict(meta)}, allow_nan=False).encode()
     except (TypeError, ValueError) as err:
