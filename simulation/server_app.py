@@ -157,7 +157,8 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     """
     cfg = plan.cfg
     if cfg.clock == "virtual":
-        clock, timing = VirtualClock(), DeviceTiming(plan.profiles, cfg.seed, cfg.straggler_rate)
+        clock, timing = VirtualClock(), DeviceTiming(plan.profiles, cfg.seed, cfg.straggler_rate,
+                                                     cfg.server_speed)
     else:
         clock, timing = WallClock(), ZeroTiming()
     extra = {

@@ -38,22 +38,31 @@ class DeviceTiming(Timing):
     accounting, ``batch-parallel``, charges one sample per pass: see
     :class:`fl_app.learning.costs.BlockCosts` and docs/explanation/design.md §6).
 
+    The server's own compute is charged by :meth:`server_seconds` at
+    ``server_flops_per_s`` (``server-speed``; infinite by default: free).
+
     Args:
         profiles: one profile per client; partition ids must be unique.
         seed: the run's seed (integer >= 0) for the straggler delays.
         straggler_rate: λ of the exponential straggler factor (> 0; the
             ``straggler-rate`` run-config key).
+        server_flops_per_s: the server's compute speed in FLOP/s (> 0; the
+            ``server-speed`` run-config key); ``math.inf``: server compute takes 0 s.
 
     Raises:
         ConfigError: for an empty profile list, duplicate partition ids, a
-            bad seed or a non-positive rate.
+            bad seed, a non-positive straggler rate or server speed.
     """
 
-    def __init__(self, profiles: Sequence[DeviceProfile], seed: int, straggler_rate: float = 1.0) -> None:
+    def __init__(self, profiles: Sequence[DeviceProfile], seed: int, straggler_rate: float = 1.0,
+                 server_flops_per_s: float = math.inf) -> None:
         if len(profiles) == 0:
             raise ConfigError("DeviceTiming needs at least one device profile")
         if not (straggler_rate > 0 and math.isfinite(straggler_rate)):
             raise ConfigError(f"straggler-rate must be positive and finite, got {straggler_rate!r}")
+        if not server_flops_per_s > 0:
+            raise ConfigError(f"server-speed must be > 0 (FLOP/s), got {server_flops_per_s!r}")
+        self.server_flops_per_s = float(server_flops_per_s)
         self.seed: int = check_int("seed", seed, 0)
         self.straggler_rate = float(straggler_rate)
         self._profiles: dict[int, DeviceProfile] = {}
@@ -146,6 +155,19 @@ class DeviceTiming(Timing):
         if bits_down and math.isfinite(p.downlink_bps):
             seconds += bits_down / p.downlink_bps
         return float(seconds)
+
+    def server_seconds(self, flops: float) -> float:
+        """Virtual seconds of ``flops`` FLOPs of server compute: ``flops / server_flops_per_s``
+        (0.0 at the default infinite speed, or for no work).
+
+        Raises:
+            ValueError: negative or non-finite ``flops``.
+        """
+        if not (flops >= 0 and math.isfinite(flops)):
+            raise ValueError(f"flops must be a non-negative finite number, got {flops!r}")
+        if not flops or math.isinf(self.server_flops_per_s):
+            return 0.0
+        return float(flops / self.server_flops_per_s)
 
     def __repr__(self) -> str:
         return f"DeviceTiming({len(self._profiles)} devices, seed={self.seed})"

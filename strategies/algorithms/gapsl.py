@@ -265,6 +265,27 @@ class GAPSL(PSL):
             self.server_updates += 1
         return act_grads
 
+    def server_iteration_flops(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                               grads: dict[int, torch.Tensor | None]) -> float:
+        """The server FLOPs of one GAPSL iteration (an estimate from the block profiles, rows as the mean batch):
+
+        one forward of all rows; one backward per client for its own server-side gradient ``g_i`` (LGI and
+        GDA need them apart); one backward of the receivers' rows for their activation gradients; and eq. 8's
+        step: with GDA, the selected clients' gradients again, once (``first-order``) or three times
+        (``exact``: the double back-propagation's graph and its gradient); Non-GDA steps on the leader,
+        already computed.
+        """
+        rows = sum(x.shape[0] for x, _ in batches.values())
+        if not rows:
+            return 0.0
+        per_client = rows / len(batches)
+        backward = self.server_flops(per_client, forward=False, backward=True)  # one client's backward
+        receivers = sum(1 for g in grads.values() if g is not None)
+        step = 0.0
+        if self.cfg.gapsl_gda != "none":
+            step = (3.0 if self.cfg.gapsl_mode == "exact" and self.regularisation else 1.0) * self.last_selected
+        return self.server_flops(rows, backward=False) + (len(batches) + receivers + step) * backward
+
     def leader_and_selection(self, grads: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """LGI's leader gradient and GDA's selected rows, or their ablations (``gapsl-lgi``, ``gapsl-gda``).
 

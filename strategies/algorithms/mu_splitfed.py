@@ -90,6 +90,13 @@ class MUSplitFed(SyncSplitStrategy):
             feedback[pid] = self.feedback(self.copies[pid], y, None, pid)
         return feedback
 
+    def server_iteration_flops(self, batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
+                               grads: Mapping[int, object]) -> float:
+        """0: the τ ZO steps (``2P + 1`` server forwards each) and the ``2P`` forwards of each client's loss
+        differences charge themselves as server compute where they run
+        (:meth:`~strategies.core.split.SplitMixin.zo_server_update`, :meth:`~strategies.core.split.SplitMixin.feedback`)."""
+        return 0.0
+
     def collect_client_models(self, uploads: Mapping[int, dict[str, torch.Tensor]]) -> None:
         """Fed server, eq. 7: ``w ← w + η_g·(avg_k w_k − w)``."""
         if uploads:

@@ -22,6 +22,8 @@ code does (``baseline/S2FL.py`` in ``eejiarong/GAS``; docs/explanation/design.md
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 from flwr.app import RecordDict
@@ -166,6 +168,12 @@ class S2FL(MiniBatchSFL):
     def timed_cut(self, pid: int) -> int | None:
         """The candidate cut chosen for ``pid`` this round."""
         return self.charged_cut.get(pid)
+
+    def server_iteration_flops(self, batches: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
+                               grads: Mapping[int, torch.Tensor]) -> float:
+        """Two forward-and-backward passes of every row: each client's gradient from the current model, then
+        the groups' steps on the same rows."""
+        return 2.0 * super().server_iteration_flops(batches, grads)
 
     def server_iteration(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
         """Client gradients from the current server-side model, then one step per group, then the group average."""

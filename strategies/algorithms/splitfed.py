@@ -187,7 +187,7 @@ class VanillaSL(SplitFedV2):
             replies = self.gather({pid: self.forward_request(self.cfg.batch_size, self.round_start([pid]))})
             if pid not in replies:
                 continue  # the client failed and is excluded; the model stays where it was
-            grads = self.server_iteration({pid: self.smashed_of(pid, replies[pid])})
+            grads = self.serve({pid: self.smashed_of(pid, replies[pid])})
             if pid not in grads:
                 continue  # its tail failed (U-shaped): excluded
             replies = self.gather({pid: self.backward_request(grads[pid], P.NEXT_WEIGHTS)})

@@ -46,6 +46,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import random
 import struct
@@ -139,9 +140,11 @@ def write(path: str | Path, meta: Mapping[str, Any], state: bytes) -> None:
     the SHA-256 digest of everything before it (:data:`DIGEST_BYTES` bytes).
 
     Raises:
-        CheckpointError: ``meta`` is not plain JSON.
+        CheckpointError: ``meta`` is not plain JSON (its ``config``'s non-finite floats are written as
+            strings: :func:`plain_config`).
     """
     path = Path(path)
+    meta = {**meta, "config": plain_config(meta["config"])} if "config" in meta else meta
     try:
         header = json.dumps({"format": FORMAT, "meta": dict(meta)}, allow_nan=False).encode()
     except (TypeError, ValueError) as err:
@@ -268,6 +271,12 @@ def save_run(path: str | Path, clients: Mapping[int, Any], strategy: Any, dispat
     write(path, meta, dumps(state, env))
 
 
+def plain_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A run configuration as a checkpoint's meta records it (plain JSON): a non-finite float, such as the
+    default ``server-speed=inf``, as its string (``"inf"``, which the key's option reads back)."""
+    return {k: str(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in config.items()}
+
+
 def load_run(path: str | Path, name: str, config: Mapping[str, Any], env: Mapping[str, Any],
              defaults: Mapping[str, Any]) -> dict[str, Any]:
     """Read a checkpoint of strategy ``name`` and run configuration ``config``: the saved state (see
@@ -282,8 +291,8 @@ def load_run(path: str | Path, name: str, config: Mapping[str, Any], env: Mappin
     meta, data = read(path)
     if meta.get("strategy") != name:
         raise CheckpointError(f"{path} is a checkpoint of strategy '{meta.get('strategy')}', not '{name}'")
-    mine, theirs = dict(config), dict(meta.get("config", {}))
-    theirs = {**{k: v for k, v in defaults.items() if k in mine}, **theirs}
+    mine, theirs = plain_config(config), dict(meta.get("config", {}))
+    theirs = {**{k: v for k, v in plain_config(defaults).items() if k in mine}, **theirs}
     diff = sorted(k for k in set(mine) | set(theirs)
                   if k not in RESUMABLE_KEYS and mine.get(k) != theirs.get(k))
     if diff:

@@ -50,6 +50,16 @@ class Timing(ABC):
         by their mean).
         """
 
+    def server_seconds(self, flops: float) -> float:
+        """Seconds the server needs for ``flops`` FLOPs of its own compute (its steps, ZO perturbations,
+        GAS's generation): 0.0 here (server compute is free, the default and the wall clock's case);
+        :class:`simulation.timing.durations.DeviceTiming` charges ``flops / server-speed``.
+
+        Raises:
+            ValueError: negative or non-finite ``flops`` (by implementations that charge them).
+        """
+        return 0.0
+
     def link_duration(self, bits: float, rate_bps: float) -> float:
         """Seconds to send ``bits`` over a direct device-to-device link of ``rate_bps`` bits/s.
 

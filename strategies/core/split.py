@@ -38,6 +38,7 @@ from strategies.core.loops import SyncStrategy
 from strategies.core.dispatcher import Request
 from strategies.core.hidden import HiddenClientModels, SealedModels
 from strategies.core.requests import optimizer_settings
+from strategies.core.server_compute import ServerCompute
 from strategies.core.server_step import LossFn, zo_step
 from strategies.core.ushaped import LabelPrivateSplit
 
@@ -86,7 +87,7 @@ def loss_differences(model: nn.Module, plus: torch.Tensor, minus: torch.Tensor, 
     return ZOFeedback(diffs)
 
 
-class SplitMixin(HiddenClientModels, LabelPrivateSplit):
+class SplitMixin(ServerCompute, HiddenClientModels, LabelPrivateSplit):
     """The global model split at the cut layer (or two: :mod:`strategies.core.ushaped`), and the requests. Hooks:
 
     - ``server_side_lr``, ``client_side_lr``, ``client_zo``, ``server_zo`` (properties): each side's rate; ZO or not.
@@ -156,10 +157,12 @@ class SplitMixin(HiddenClientModels, LabelPrivateSplit):
 
     def zo_server_update(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, key: int) -> float:
         """One ZO-SGD step of server-side model ``key`` (a client's copy: its partition id) at
-        :attr:`server_side_lr` (:func:`~strategies.core.server_step.zo_step`); counts one server update.
+        :attr:`server_side_lr` (:func:`~strategies.core.server_step.zo_step`); counts one server update
+        and charges its ``2P + 1`` forward passes of ``x`` as server compute.
         Returns the loss before the step; raises ``DivergedError`` when it is not finite."""
         loss = zo_step(model, x, y, self.cfg, key, self.server_updates, self.server_side_lr)
         self.server_updates += 1
+        self.charge_server((2 * self.cfg.perturbations + 1) * self.server_flops(x.shape[0], backward=False))
         return loss
 
     def optimizer_config(self, clip_norm: float | None = None) -> dict[str, Any]:
@@ -220,6 +223,8 @@ class SplitMixin(HiddenClientModels, LabelPrivateSplit):
         if not self.client_zo:
             return grad
         plus, minus = self.zo_pairs.pop(pid)
+        # the 2P forward passes of the perturbed pairs are server compute
+        self.charge_server(2 * plus.shape[0] * self.server_flops(plus.shape[1], backward=False))
         return loss_differences(model, plus, minus, labels, loss_fn)
 
     def smashed_of(self, pid: int, content: RecordDict) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -240,6 +245,8 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
     - ``server_iteration(batches)`` (required): ``pid -> (x, y)`` to ``pid -> gradient`` (or
       :class:`ZOFeedback`; None: the client gets no gradient and takes no step); the shared steps are in
       :mod:`strategies.core.server_step`.
+    - ``server_iteration_flops(batches, grads)``: the first-order server FLOPs of that iteration, charged on
+      the clock (``server-speed``; default: one forward and backward of each client's batch).
     - ``batch_size_for(pid, cohort)``: each client's batch size (default B).
     - ``begin_round(cohort)``: before the first forward (e.g. copy server models).
     - ``timed_cut(pid)``: the cut a client's work is charged at (S²FL).
@@ -284,6 +291,30 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         """
         raise NotImplementedError
 
+    def server_iteration_flops(self, batches: Mapping[int, tuple[torch.Tensor, torch.Tensor | None]],
+                               grads: Mapping[int, Any]) -> float:
+        """FLOPs of the first-order server work of one :meth:`server_iteration` on ``batches`` that returned
+        ``grads``, charged as server compute after it (:meth:`serve`).
+
+        Default: one forward and one backward (with the input gradient) of the server-side blocks per
+        activation row, which is what SplitFed-V1/V2, MiniBatch-SFL, vanilla SL, PSL and EPSL compute
+        (EPSL back-propagates once over all rows too); 0 with a ZO server, whose steps and feedback
+        charge themselves (:meth:`zo_server_update`, :meth:`feedback`). S²FL, GAPSL and MU-SplitFed
+        override it.
+        """
+        if self.server_zo:
+            return 0.0
+        return self.server_flops(sum(x.shape[0] for x, _ in batches.values()))
+
+    def serve(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor | None]],
+              ) -> dict[int, torch.Tensor | ZOFeedback | None]:
+        """:meth:`server_iteration`, then its FLOPs (:meth:`server_iteration_flops`) charged as server
+        compute (:meth:`~strategies.core.server_compute.ServerCompute.charge_server`): every synchronous round runs its
+        server side through here."""
+        grads = self.server_iteration(batches)
+        self.charge_server(self.server_iteration_flops(batches, grads))
+        return grads
+
     def collect_client_models(self, uploads: Mapping[int, dict[str, torch.Tensor]]) -> None:
         """Aggregate the uploaded client-side models (:meth:`aggregate_models`, ascending pid; default the
         eq. 10 weighted mean) into the current one; sealed ones are kept for the clients to average."""
@@ -321,7 +352,7 @@ class SyncSplitStrategy(SplitMixin, SyncStrategy):
         uploads: dict[int, dict[str, torch.Tensor]] = {}
         done = 0
         while replies:
-            grads = self.server_iteration({pid: self.smashed_of(pid, c) for pid, c in replies.items()})
+            grads = self.serve({pid: self.smashed_of(pid, c) for pid, c in replies.items()})
             if self.cuts:  # a client whose tail failed is excluded: it gets nothing more
                 grads = {pid: g for pid, g in grads.items() if pid not in self.membership.failed}
             done += 1

@@ -77,9 +77,35 @@ __all__ = [
     "progress_weight",
     "log_progress_weight",
     "LabelGaussians",
+    "generation_flops",
 ]
 
 COVARIANCES = ("full", "diagonal")
+
+
+def generation_flops(dim: int, covariance: str, folded: int, generated: int) -> float:
+    """FLOPs of one flush of GAS's generation, for the virtual clock's server compute (``server-speed``).
+
+    A cost model of the algorithm (GAS eqs. 11-12 and the draws), not a count of this implementation's
+    kernels: with ``full`` covariance each of the ``folded`` activations enters ``Sigma_y`` as one
+    outer product (``2·D²``: eq. 12's rank-one term) and each of the ``generated`` draws is a
+    ``D × D`` factor times a standard normal vector (``2·D²``); with ``diagonal`` covariance, ``4·D``
+    and ``3·D``. The periodic refactorisations (:func:`strategies.algorithms.gas.gaussian_factors.compress`,
+    about ``(4/3)·D²`` per folded column amortised) are left out.
+
+    Args:
+        dim: the flattened activation size D.
+        covariance: ``"full"`` or ``"diagonal"``.
+        folded: activations folded into the statistics at this flush.
+        generated: activations drawn at this flush.
+
+    Returns:
+        FLOPs (float).
+    """
+    d = float(dim)
+    if covariance == "diagonal":
+        return 4.0 * d * folded + 3.0 * d * generated
+    return 2.0 * d * d * (folded + generated)
 
 
 class LabelGaussians:

@@ -43,7 +43,7 @@ from strategies.core.loops import AsyncStrategy
 from strategies.core.dispatcher import Reply
 from strategies.algorithms.gas.metrics import gradient_dissimilarity, reference_batch
 from strategies.algorithms.gas.progress import PROGRESS_OPTION, TrainingProgress
-from strategies.algorithms.gas.generation import LabelGaussians
+from strategies.algorithms.gas.generation import LabelGaussians, generation_flops
 from strategies.core.registry import register
 from strategies.algorithms.gas.shared_momentum import CLIENT_MOMENTUM_OPTION, SharedMomentum, check_shared_momentum
 from strategies.core.server_step import activation_gradient, server_step
@@ -191,6 +191,7 @@ class GAS(SplitMixin, AsyncStrategy):
             grad = self.feedback(self.server_model, y, None, pid, loss_fn)
         else:
             grad = activation_gradient(self.server_model, x, y, loss_fn)
+            self.charge_server(self.server_flops(x.shape[0]))  # G_k: a forward and a backward, before it is sent
         self.progress_of[pid] += 1
         self.client_iterations += 1
         progress = self.training_progress.activation(pid, self.progress_of[pid], self.local_steps(pid))
@@ -205,15 +206,18 @@ class GAS(SplitMixin, AsyncStrategy):
             self.flush_activations()
 
     def flush_activations(self) -> None:
-        """Update the Gaussians, top up with generated activations, one server step (eq. 5; ZO-SGD with a ZO server)."""
+        """Update the Gaussians, top up with generated activations, one server step (eq. 5; ZO-SGD with a ZO server);
+        the generation and the step are charged as server compute (``server-speed``)."""
         x = torch.cat([b[0] for b in self.activation_buffer])
         y = torch.cat([b[1] for b in self.activation_buffer])
         progress = self.training_progress.flushed([(int(b[1].numel()), b[2]) for b in self.activation_buffer])
         self.activation_buffer = []
         if self.gaussians is not None:
+            folded = int(y.numel())
             x, y, generated = top_up(self.gaussians, x, y, self.cfg.batch_size, self.generator, self.on_device,
                                      progress)
             self.generated_total += generated
+            self.charge_server(generation_flops(self.gaussians.dim, self.cfg.covariance, folded, generated))
         every = self.cfg.dissimilarity_every
         if every and self.server_updates % every == 0:
             self.last_dissimilarity = self.gradient_dissimilarity(x, y)
@@ -222,6 +226,7 @@ class GAS(SplitMixin, AsyncStrategy):
             return
         server_step(self.server_model, self.server_opt, x, y, self.cfg.clip_norm, input_grad=False)
         self.server_updates += 1
+        self.charge_server(self.server_flops(x.shape[0]))
 
     def on_upload(self, pid: int, state: dict[str, torch.Tensor], num_examples: int) -> None:
         """Model buffer; a full buffer is averaged (eq. 10) into the current client model."""
