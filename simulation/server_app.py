@@ -11,6 +11,7 @@ engine and under :func:`flwr.simulation.run_simulation`.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Mapping
@@ -158,7 +159,7 @@ def run_server(grid: Grid, plan: RunPlan, *, progress: bool = True) -> dict[str,
     cfg = plan.cfg
     if cfg.clock == "virtual":
         clock, timing = VirtualClock(), DeviceTiming(plan.profiles, cfg.seed, cfg.straggler_rate,
-                                                     cfg.server_speed)
+                                                     cfg.server_speed or math.inf)  # 0: free
     else:
         clock, timing = WallClock(), ZeroTiming()
     extra = {

@@ -119,6 +119,12 @@ class Option:
         return f"{self.type.__name__} {bounds}".strip()
 
 
+def _check_finite_speed(value: float) -> None:
+    """``server-speed`` is a finite number of FLOP/s (0: free), so that every file that records it is plain JSON."""
+    if not math.isfinite(value):
+        raise ConfigError(f"server-speed must be a finite number of FLOP/s (0: free), got {value!r}")
+
+
 def _check_numerics(value: str) -> None:
     from fl_app.run.numerics import check_mode
 
@@ -250,11 +256,11 @@ CORE_OPTIONS: tuple[Option, ...] = (
     Option("batch-parallel", False, "time a batch as one sample's FLOPs (GAS reference-code accounting)"),
     Option("downlink", False, "time the downlink too (GAS model: at the uplink rate); ignored by default, as in GAS"),
     Option("straggler-rate", 1.0, "`exponential` model: each exchange's compute time is multiplied by an Exp(λ) draw (mean 1/λ)", above=0),
-    Option("server-speed", math.inf, "the server's compute speed in FLOP/s on the virtual clock: its steps (forward and "
+    Option("server-speed", 0.0, "the server's compute speed in FLOP/s on the virtual clock: its steps (forward and "
            "backward of the server-side blocks at the real batch, ZO perturbations, MU-SplitFed's τ updates, GAS's "
            "generation) take FLOPs / server-speed seconds, one after another (the server is one queue; "
-           "docs/explanation/design.md §6). `inf` (default): server compute is free. Ignored by `clock=wall`",
-           above=0),
+           "docs/explanation/design.md §6). `0` (default): server compute is free. Ignored by `clock=wall`",
+           at_least=0, check=_check_finite_speed),
     Option("global-iterations", 6, "global iterations (aggregations of client models); 6 is the main job's budget (see \"The two "
            "commands\")", at_least=1),
     Option("local-iterations", 20, "local iterations per client per round (E)", at_least=1),

@@ -2,7 +2,7 @@
 
 :class:`ServerCompute` is a base of every split strategy (:class:`~strategies.core.split.SplitMixin`): the FLOPs
 of the server-side blocks from the block profiles (:meth:`ServerCompute.server_flops`) and the one place that
-charges them (:meth:`ServerCompute.charge_server`). At the default ``server-speed=inf`` nothing is charged and
+charges them (:meth:`ServerCompute.charge_server`). At the default ``server-speed=0`` (free) nothing is charged and
 no number changes.
 
 Imports: ``strategies.core`` only (the clock and the timing it charges through are the strategy's).
@@ -18,7 +18,7 @@ class ServerCompute:
     """Server FLOPs and their charge on the clock; a mixin of :class:`~strategies.core.base.SFLStrategy`
     subclasses (it reads their ``cfg``, ``clock``, ``timing``, ``costs``, ``cut`` and ``cuts``)."""
 
-    #: virtual seconds the server computed (:meth:`charge_server`; 0 unless ``server-speed`` is finite)
+    #: virtual seconds the server computed (:meth:`charge_server`; 0 unless ``server-speed`` is set)
     server_virtual_s: float = 0.0
 
     def server_flops(self, batch: float, *, forward: bool = True, backward: bool = True) -> float:
@@ -38,7 +38,7 @@ class ServerCompute:
         <strategies.core.clock.Timing.server_seconds>`). Since the event loop *is* the server, the clock
         moves forward by that much: requests sent after the work start after it, and replies due
         meanwhile wait to be handled until it ends (the clock never moves backwards). Clients go on
-        with work already sent. At the default ``server-speed=inf`` (and with the wall clock, where
+        with work already sent. At the default ``server-speed=0`` (free; and with the wall clock, where
         the work takes its real time) this charges 0 s and changes nothing.
 
         Every split strategy charges through here: :meth:`~strategies.core.split.SplitMixin.zo_server_update` and
@@ -53,9 +53,9 @@ class ServerCompute:
         return seconds
 
     def summary_dict(self) -> dict[str, Any]:
-        """The base summary, plus ``server_virtual_s`` when ``server-speed`` is finite (the default run's
+        """The base summary, plus ``server_virtual_s`` when ``server-speed`` is set (the default run's
         summary is unchanged)."""
         out = super().summary_dict()  # type: ignore[misc]
-        if math.isfinite(self.cfg.server_speed):
+        if self.cfg.server_speed > 0:
             out["server_virtual_s"] = self.server_virtual_s
         return out
