@@ -242,6 +242,12 @@ def test_vanilla_sl_one_client_equals_centralised_lora_step_by_step(tmp_path, mo
     quiet.hidden_dropout_prob = quiet.attention_probs_dropout_prob = 0.0
     quiet._attn_implementation = "eager"
     monkeypatch.setattr(minilm, "_pretrained", lambda: (quiet, state))
+    # the ClientApp keeps recent tasks and shares task records between its nodes: start without any of them, so
+    # that the node builds its model from the patched (dropout-free) config, not an earlier test's
+    from fl_app.client import node as client_node
+
+    for cache, empty in (("_CONFIGS", []), ("_TASK_RECORDS", {}), ("_SHARED_TASKS", [])):
+        monkeypatch.setattr(client_node, cache, empty)
     cfg = make_cfg(strategy="vanilla-sl", model="minilm-l6", dataset="text-csv",
                    data_dir=str(_write_tiny(tmp_path / "d")), num_clients=1, concurrency=1, partition="iid",
                    cut_layer=3, global_iterations=1, local_iterations=2, batch_size=3, optimizer="adamw",
