@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Mapping
@@ -235,12 +236,35 @@ def main(grid: Grid, context: Context) -> None:
     sflower's INFO lines (the strategy's settings, the session endpoint's address, re-admissions) go to
     the ServerApp's log, which ``flwr run --stream`` shows.
     """
+    with server_log():
+        _main(grid, context)
+
+
+@contextmanager
+def server_log():
+    """sflower's INFO lines on the ServerApp's stderr while the ServerApp runs; the logger as it was afterwards.
+
+    A ServerApp run in the caller's process (Flower's in-process simulation, a test) leaves the
+    ``sflower`` logger's handlers, level and propagation unchanged, so the caller's own logging (and
+    pytest's ``caplog``) sees sflower's records after the run as before it.
+    """
+    saved = (list(log.handlers), log.level, log.propagate)
     if not log.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+    try:
+        yield
+    finally:
+        log.handlers[:] = saved[0]
+        log.setLevel(saved[1])
+        log.propagate = saved[2]
+
+
+def _main(grid: Grid, context: Context) -> None:
+    """:func:`main`'s body, with sflower's log set up."""
     try:  # resume=RUN_DIR: the checkpoint's configuration, with the keys the user gave that a resume may change
         resume = str(given_or_default(context.run_config, "resume") or "")
         resumed = resume_pairs(resume, override_config(grid)) if resume else None

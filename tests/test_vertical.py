@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv as _csv
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -376,7 +377,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_without_psi_to_the_uninterrupt
 def test_the_serverapp_resumes_a_killed_vertical_run(tmp_path, monkeypatch):
     """Under ``flwr run`` (the ServerApp's main, here on an in-process grid of the two parties): ``--run-config
     "resume='RUN_DIR' data-dir='...'"`` continues the killed run from its checkpoint to the uninterrupted run's
-    metrics."""
+    metrics, and leaves the ``sflower`` logger as it found it."""
     from types import SimpleNamespace
 
     from simulation import server_app
@@ -386,9 +387,13 @@ def test_the_serverapp_resumes_a_killed_vertical_run(tmp_path, monkeypatch):
     grid = InProcessGrid(vertical_party.app, 2, 0, [{vertical_party.PARTY: k} for k in (0, 1)])
     given = {"resume": str(run), "data-dir": str(DATA)}
     grid.run.override_config = given
+    sflower_log = logging.getLogger("sflower")
+    before = (list(sflower_log.handlers), sflower_log.level, sflower_log.propagate)
     with _task_identity(grid.run.run_id):
         server_app.main(grid, SimpleNamespace(run_config=given))
     assert _metrics(run) == _metrics(tmp_path / "reference")
+    # the ServerApp ran in this process: it leaves the logger as it found it (else caplog misses later records)
+    assert (list(sflower_log.handlers), sflower_log.level, sflower_log.propagate) == before
 
 
 @pytest.mark.e2e
