@@ -314,7 +314,7 @@ def test_split_lora_ray_matches_inprocess(tmp_path, sst2_subset, lora_inprocess)
     assert sorted(placement["clients"]) == ["0", "1"]
 
 
-def _wait_for_summary(out, runner, seconds: float) -> str:
+def wait_for_summary(out, runner, seconds: float) -> str:
     """Wait for ``out/summary.json`` while ``runner`` (``flwr run --stream``) lives; returns its log."""
     import time
 
@@ -354,7 +354,7 @@ def test_split_lora_flwr_run_of_the_fab_matches_inprocess(tmp_path, sst2_subset,
         dep.start_superlink(simulation=True)
         runner = dep.run_app({**LORA, "data-dir": str(sst2_subset), "output-dir": str(out)}, app_dir=app,
                              federation_config="num-supernodes=2 client-resources-num-cpus=1 init-args-num-cpus=1")
-        log = _wait_for_summary(out, runner, 400)
+        log = wait_for_summary(out, runner, 400)
     assert (out / "summary.json").exists(), log[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["failed_clients"] == [], summary

@@ -475,19 +475,6 @@ def test_checkpoints_of_a_cardinality_only_run_are_refused_in_one_line(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
-def _wait_summary(out: Path, runner, seconds: float) -> str:
-    """Wait for ``out/summary.json`` while ``runner`` (``flwr run --stream``) lives; its log."""
-    import time
-
-    deadline = time.monotonic() + seconds
-    while not (out / "summary.json").exists() and time.monotonic() < deadline:
-        if not runner.alive():
-            time.sleep(3)  # the summary may land just after `flwr run --stream` returns
-            break
-        time.sleep(0.5)
-    return runner.log_path.read_text(errors="replace")
-
-
 @pytest.mark.e2e
 @needs_data
 def test_flwr_run_in_simulation_writes_the_in_process_metrics(tmp_path):
@@ -496,6 +483,7 @@ def test_flwr_run_in_simulation_writes_the_in_process_metrics(tmp_path):
     metrics.csv equals the in-process run's in every column but wall time."""
     from simulation.deploy.cluster import Deployment
     from simulation.deploy.processes import flower_binaries_missing
+    from tests.test_engines import wait_for_summary
 
     if flower_binaries_missing():
         pytest.skip("Flower's binaries are not installed")
@@ -507,7 +495,7 @@ def test_flwr_run_in_simulation_writes_the_in_process_metrics(tmp_path):
         dep.start_superlink(simulation=True)
         runner = dep.run_app({**keys, "output-dir": str(out)},
                              federation_config="num-supernodes=2 client-resources-num-cpus=1 init-args-num-cpus=1")
-        log = _wait_summary(out, runner, 300)
+        log = wait_for_summary(out, runner, 300)
     assert (out / "summary.json").exists(), log[-3000:]
     assert _metrics(out) == _metrics(tmp_path / "inproc")
     assert len(_metrics(out)) == 3
