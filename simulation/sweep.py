@@ -47,14 +47,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from fl_app.run.config import RunConfig, given_or_default
+from fl_app.run.config import RunConfig, given_or_default, read_toml
 from fl_app.run.errors import ConfigError
 from fl_app.run.untrusted import read_json_table
 from simulation.outputs.results import collect, expand, run_name
@@ -73,12 +72,7 @@ def load_sweep(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"sweep file '{path}' does not exist")
-    try:
-        spec = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise ConfigError(f"sweep file '{path}' is not valid TOML: {' '.join(str(err).split())[:300]}") from None
-    except RecursionError:
-        raise ConfigError(f"sweep file '{path}' is nested too deep") from None
+    spec = read_toml(path, f"sweep file '{path}'")
     tables = [k for k in ("meta", "base", "variants", "grid") if not isinstance(spec.get(k, {}), dict)]
     if tables or not all(isinstance(v, dict) for v in dict(spec.get("variants", {})).values()):
         raise ConfigError(f"sweep file '{path}': {', '.join(tables) or 'variants'} must be tables")

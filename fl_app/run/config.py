@@ -72,6 +72,24 @@ def given_or_default(pairs: Mapping[str, Any], key: str) -> Any:
     return pairs[key] if key in pairs else core_option(key).default
 
 
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """The table of TOML file ``path`` (a preset, a sweep file: untrusted input, data only).
+
+    Args:
+        path: the file.
+        what: how the error names the file (``preset PATH``, ``sweep file 'PATH'``).
+
+    Raises:
+        ConfigError: unreadable, not UTF-8, not valid TOML, or nested too deep for the parser (one line).
+    """
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"{what} is not valid TOML: {' '.join(str(err).split())[:300]}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} is nested too deep") from None
+
+
 def preset_names() -> list[str]:
     """The presets of :data:`PRESET_DIR`, sorted."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))
@@ -87,12 +105,7 @@ def preset_values(name: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"unknown preset '{name}'; choose one of: {', '.join(preset_names())}, "
                           "or give a path to a .toml file")
-    try:
-        table = tomllib.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise ConfigError(f"preset {path}: {' '.join(str(err).split())[:300]}") from None
-    except RecursionError:
-        raise ConfigError(f"preset {path}: nested too deep") from None
+    table = read_toml(path, f"preset {path}")
     nested = [k for k, v in table.items() if isinstance(v, dict)]
     if nested:
         raise ConfigError(f"preset {path}: expected flat run-config keys, found table(s) {', '.join(nested)}")
