@@ -69,7 +69,7 @@ def test_the_prose_of_the_results_page_quotes_tradeoff_csv():
     intervals = re.findall(r"([-+]?\d+\.\d+) \[([-+]?\d+\.\d+), ([-+]?\d+\.\d+)\]", prose)
     spreads = re.findall(r"(?<![\d.])(\d+\.\d+) ± (\d+\.\d+)", prose)
     assert len(intervals) >= 8 and len(spreads) >= 8  # the bullets quote both kinds
-    signed = lambda s: s if s[0] in "+-" else "+" + s  # noqa: E731
-    bad = [f"{m} [{lo}, {hi}]" for m, lo, hi in intervals if (signed(m), signed(lo), signed(hi)) not in found]
+    bad = [f"{m} [{lo}, {hi}]" for m, lo, hi in intervals
+           if tuple(x if x[0] in "+-" else "+" + x for x in (m, lo, hi)) not in found]
     bad += [f"{m} ± {h}" for m, h in spreads if (m, h) not in found]
     assert not bad, f"not a statistic of tradeoff.csv: {bad}"
