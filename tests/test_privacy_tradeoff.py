@@ -64,7 +64,7 @@ def test_the_prose_of_the_results_page_quotes_tradeoff_csv():
     import re
 
     text = (OUT.parent / "privacy.md").read_text()
-    prose = text.split("**What the numbers say** (the key rows at 5 seeds)", 1)[1].split("\n## ", 1)[0].replace("−", "-")
+    prose = text.split("**What the numbers say** (every row at 5 seeds)", 1)[1].split("\n## ", 1)[0].replace("−", "-")
     found = _statistics(_collect())
     intervals = re.findall(r"([-+]?\d+\.\d+) \[([-+]?\d+\.\d+), ([-+]?\d+\.\d+)\]", prose)
     spreads = re.findall(r"(?<![\d.])(\d+\.\d+) ± (\d+\.\d+)", prose)

@@ -31,7 +31,8 @@ LABEL_ATTACKS = ("gradient-matching static", "gradient-matching tracked", "kmean
 INPUT_ATTACKS = ("decoder", "white-box least squares")
 #: run.sh's variants, in its order, and the run each is compared with.
 ORDER = ("u-none", "u-hidden", "u-max-norm", "u-marvell-1", "u-iso-1", "u-nopeek-100", "u-noise-0.03",
-         "u-hidden+max-norm", "u-max-norm+noise-0.03", "prefix", "prefix-hidden")
+         "u-hidden+max-norm", "u-max-norm+noise-0.03", "prefix", "prefix-hidden", "u-marvell-0.25", "u-marvell-4",
+         "u-marvell-1-perturbed", "u-iso-1-perturbed")
 BASELINE = {v: ("prefix" if v.startswith("prefix") else "u-none") for v in ORDER}
 SENT = "sent (prefix split)"
 BEGIN, END = "<!-- tt: collect.py --summary tradeoff.csv -->\n", "<!-- end tt -->"
@@ -104,16 +105,20 @@ def by_what(names: list[str]) -> str:
     return ", ".join(f"{a} ({n}/{len(names)})" for a, n in counts.most_common())
 
 
+#: decimals of summary.csv's means and half-widths
+CSV_DIGITS = {"accuracy": 4, "labels": 4, "psnr": 2}
+
+
 def summary(runs: dict) -> list[dict]:
     out = []
     variants = [v for v in ORDER if any(k[0] == v for k in runs)] + sorted({k[0] for k in runs} - set(ORDER))
     for v in variants:
         rs = [runs[k] for k in sorted(k for k in runs if k[0] == v)]
         row = {"variant": v, "seeds": len(rs), "seed_list": " ".join(str(r["seed"]) for r in rs)}
-        for key, digits in (("accuracy", 4), ("labels", 4), ("psnr", 2)):
+        for key in ("accuracy", "labels", "psnr"):  # unrounded: the tables round once, summary.csv on writing
             xs = [r[key] for r in rs if key in r]
             m, h = t_interval(xs) if xs else (math.nan, math.nan)
-            row[f"{key}_mean"], row[f"{key}_ci95"] = round(m, digits), ("" if math.isnan(h) else round(h, digits))
+            row[f"{key}_mean"], row[f"{key}_ci95"] = float(m), ("" if math.isnan(h) else float(h))
         row["labels_by"] = by_what([r["labels_by"] for r in rs if "labels_by" in r])
         row["psnr_by"] = by_what([r["psnr_by"] for r in rs if "psnr_by" in r])
         out.append(row)
@@ -208,20 +213,21 @@ def plot(rows: list[dict], x: str, xlabel: str, path: Path, skip_prefix: bool) -
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    markers = "osD^v<>pPX*h"
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    markers = "osD^v<>pPX*hH8d"
+    colours = plt.get_cmap("tab20").colors  # one colour and one marker per variant (tab10 repeats after 10)
     for i, r in enumerate(rows):
         if skip_prefix and r["variant"].startswith("prefix"):
             continue
         err = lambda k: 0 if r[f"{k}_ci95"] == "" else r[f"{k}_ci95"]  # noqa: E731
         ax.errorbar(r[f"{x}_mean"], r["accuracy_mean"], xerr=err(x), yerr=err("accuracy"), fmt=markers[i % len(markers)],
-                    capsize=3, label=f"{r['variant']} ({r['seeds']} seeds)")
+                    color=colours[i % len(colours)], capsize=3, label=f"{r['variant']} ({r['seeds']} seeds)")
     if x == "labels":
         ax.axvline(0.110, color="grey", ls=":", lw=1, label="chance (about 0.11)")
     ax.set_xlabel(xlabel, fontsize=9)
     ax.set_ylabel("final test accuracy")
     ax.set_title("mnist-5k, LeNet-5, SplitFed-V1: mean and 95 % t-interval over seeds")
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120, metadata={"Software": None})
@@ -237,7 +243,8 @@ def write_summary(path: Path, out: Path | None = None, plots: bool = True) -> st
     with (out / "summary.csv").open("w") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows({k: (round(v, CSV_DIGITS.get(k.split("_")[0], 4)) if isinstance(v, float) else v)
+                     for k, v in row.items()} for row in rows)
     text = markdown(rows, runs) + "\n"
     (out / "summary.md").write_text(text)
     if plots:

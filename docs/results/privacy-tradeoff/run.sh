@@ -18,14 +18,19 @@ declare -A V=(
   [u-none]="$U"
   [u-hidden]="$U hide-client-models=true"
   [u-max-norm]="$U label-defence=max-norm"
+  [u-marvell-0.25]="$U label-defence=marvell label-power=0.25"
   [u-marvell-1]="$U label-defence=marvell label-power=1"
+  [u-marvell-4]="$U label-defence=marvell label-power=4"
+  [u-marvell-1-perturbed]="$U label-defence=marvell label-power=1 label-defence-tail=perturbed"
   [u-iso-1]="$U label-defence=iso label-noise=1"
+  [u-iso-1-perturbed]="$U label-defence=iso label-noise=1 label-defence-tail=perturbed"
   [u-nopeek-100]="$U nopeek-alpha=100"
   [u-noise-0.03]="$U act-clip=50 act-noise=0.03"
   [u-hidden+max-norm]="$U hide-client-models=true label-defence=max-norm"
   [u-max-norm+noise-0.03]="$U label-defence=max-norm act-clip=50 act-noise=0.03"
 )
-ORDER=(u-none u-hidden u-max-norm u-marvell-1 u-iso-1 u-nopeek-100 u-noise-0.03 u-hidden+max-norm u-max-norm+noise-0.03 prefix prefix-hidden)
+ORDER=(u-none u-hidden u-max-norm u-marvell-1 u-iso-1 u-nopeek-100 u-noise-0.03 u-hidden+max-norm u-max-norm+noise-0.03 prefix prefix-hidden
+       u-marvell-0.25 u-marvell-4 u-marvell-1-perturbed u-iso-1-perturbed)
 names=("$@"); [ ${#names[@]} -gt 0 ] || names=("${ORDER[@]}")
 for seed in ${SEEDS:-0 1 2 3 4}; do
   for name in "${names[@]}"; do
