@@ -18,6 +18,19 @@ With ``--against REV`` each size runs for ``REV``'s tree ("old") and this checko
 (:func:`benchmarks.common.side_by_side`). With ``--out DIR`` the figures go to ``DIR/results.json``
 and the table to ``DIR/table.md``. The per-client cost is fitted from the two largest sizes:
 ``(figure(N2) - figure(N1)) / (N2 - N1)``.
+
+``python -m benchmarks.population`` (:func:`main`) measures this checkout alone, on either engine, at
+more global iterations and repeated: ``--sizes 100,1000,10000 --engines inprocess,ray --iterations 10
+--repeats 2 --out DIR``. Each repeat runs every (engine, size) once, the order reversed every other
+repeat (ABBA), so that load drift on a shared machine hits every size alike; with ``--against REV``
+each (engine, size) runs for ``REV``'s tree and this one side by side instead. Beside the figures above it
+reports ``median_s_per_global_iteration`` (the median of the per-iteration differences of
+``wall_time_s``: one slow iteration does not move it) and ``peak_tree_mb``, the peak over the run of
+the summed proportional set size (PSS, ``/proc/PID/smaps_rollup``) of the process and every process
+it started (Ray's raylet, GCS and actors; shared pages such as Ray's object store counted once),
+sampled every 0.5 s. It writes ``results.json``, ``table.md`` (per engine and size: the medians over
+repeats, and the ratios to the size below) and ``scale.png`` (memory and seconds per global
+iteration against the number of clients, one line per engine).
 """
 
 from __future__ import annotations
@@ -30,32 +43,67 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import REPO_ROOT, fmnist_dir, side_by_side
+from fl_app.run.errors import ConfigError
 
 SIZES = (100, 1000, 10000)
 QUICK_SIZES = (100, 1000)
-#: issue 47's command, less ``num-clients`` and the directories
+#: issue 47's command, less ``num-clients``, the global iterations and the directories
 RUN_KEYS = ("strategy=splitfed-v1", "dataset=fashion-mnist", "model=lenet5", "concurrency=10",
-            "global-iterations=2", "local-iterations=1", "batch-size=4", "partition=iid")
+            "local-iterations=1", "batch-size=4", "partition=iid")
+#: issue 47's global iterations
+ITERATIONS = 2
+ENGINES = ("inprocess", "ray")
 
-#: The child: the tree's CLI, then its own peak RSS (KB) appended to a file.
+#: The child: the tree's CLI, then its own peak RSS (KB) written to a file, and (a second line) the peak of
+#: the summed PSS (KB) of it and its descendants, sampled by a thread every 0.5 s.
 _CHILD = r"""
-import resource, sys
+import os, resource, sys, threading
+def _pss_kb(pid):
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+def _tree_kb():
+    try:
+        import psutil
+        me = psutil.Process()
+        pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
+    except Exception:
+        pids = [os.getpid()]
+    return sum(_pss_kb(p) for p in pids)
+peak = [0]
+done = threading.Event()
+def _sample():
+    while not done.is_set():
+        peak[0] = max(peak[0], _tree_kb())
+        done.wait(0.5)
+threading.Thread(target=_sample, daemon=True).start()
 from simulation.cli import main
 try:
     code = main(sys.argv[2:])
 finally:
+    done.set()
     with open(sys.argv[1], "w") as fh:
-        fh.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
+        fh.write(f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\n{peak[0]}\n")
 sys.exit(code)
 """
 
 
-def one_run(src: Path, out: Path, n: int, data_dir: str) -> dict[str, Any]:
+def one_run(src: Path, out: Path, n: int, data_dir: str, iterations: int = ITERATIONS,
+            engine: str = "inprocess") -> dict[str, Any]:
     """One ``sflower run`` of the tree ``src`` with ``n`` clients, writing under ``out``.
 
+    Args:
+        iterations: global iterations (issue 47's: 2).
+        engine: ``inprocess`` or ``ray``.
+
     Returns:
-        ``{"clients", "process_s", "startup_s", "s_per_global_iteration", "peak_rss_mb"}``
-        (seconds and MB).
+        ``{"clients", "engine", "process_s", "startup_s", "s_per_global_iteration",
+        "median_s_per_global_iteration", "peak_rss_mb", "peak_tree_mb"}`` (seconds and MB).
 
     Raises:
         RuntimeError: the run failed (its last stderr line).
@@ -67,7 +115,8 @@ def one_run(src: Path, out: Path, n: int, data_dir: str) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     rss_file = out / "peak_rss_kb"
     args = [sys.executable, "-c", _CHILD, str(rss_file), "run", "-q", *RUN_KEYS, f"num-clients={n}",
-            f"data-dir={data_dir}", f"output-dir={out / 'run'}"]
+            f"global-iterations={iterations}", f"engine={engine}", f"data-dir={data_dir}",
+            f"output-dir={out / 'run'}"]
     env = dict(os.environ, PYTHONPATH=str(src))
     t0 = time.perf_counter()
     proc = subprocess.run(args, cwd=str(src), env=env, capture_output=True, text=True, check=False)
@@ -76,11 +125,16 @@ def one_run(src: Path, out: Path, n: int, data_dir: str) -> dict[str, Any]:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"population run with {n} clients of {src} failed: {tail}")
     wall = pd.read_csv(out / "run" / "metrics.csv")["wall_time_s"]
-    iterations = len(wall) - 1
+    if len(wall) != iterations + 1:
+        raise RuntimeError(f"population run with {n} clients of {src}: {len(wall)} metric rows, "
+                           f"expected {iterations + 1}")
     training = float(wall.iloc[-1] - wall.iloc[0])
-    return {"clients": n, "process_s": round(process_s, 2), "startup_s": round(process_s - training, 2),
+    rss_kb, tree_kb = (int(x) for x in rss_file.read_text().split())
+    return {"clients": n, "engine": engine, "process_s": round(process_s, 2),
+            "startup_s": round(process_s - training, 2),
             "s_per_global_iteration": round(training / iterations, 3),
-            "peak_rss_mb": round(int(rss_file.read_text()) / 1024, 1)}
+            "median_s_per_global_iteration": round(float(wall.diff().iloc[1:].median()), 3),
+            "peak_rss_mb": round(rss_kb / 1024, 1), "peak_tree_mb": round(tree_kb / 1024, 1)}
 
 
 def bench_population(tmp: Path, quick: bool = False, data_dir: str | None = None, against: str | None = None,
@@ -137,3 +191,152 @@ def table(runs: list[dict[str, Any]], against: str | None = None) -> str:
         lines.append(f"| {r['clients']:,} | {name} | {r['process_s']:.1f} | {r['startup_s']:.1f} | "
                      f"{r['s_per_global_iteration']:.2f} | {r['peak_rss_mb']:.0f} |")
     return "\n".join(lines)
+
+
+def measure(sizes: tuple[int, ...], engines: tuple[str, ...], iterations: int, repeats: int, tmp: Path,
+            data_dir: str | None = None, against: str | None = None) -> list[dict[str, Any]]:
+    """Every (engine, size) ``repeats`` times, the order reversed every other repeat (ABBA), of this checkout;
+    with ``against``, each (engine, size) for ``against``'s tree ("old") and this one ("new") side by side
+    (:func:`benchmarks.common.side_by_side`).
+
+    Returns:
+        one :func:`one_run` dict per run, with ``tree`` ("new" or "old") and ``repeat`` (0-based), in run order.
+
+    Raises:
+        RuntimeError: a run failed.
+        ConfigError: ``against`` is not a commit.
+    """
+    data = fmnist_dir(data_dir)
+    cells = [(engine, n) for engine in engines for n in sizes]
+    runs: list[dict[str, Any]] = []
+    if against is not None:
+        for engine, n in cells:
+            print(f"population: {engine}, {n:,} clients, {against} and this tree", file=sys.stderr, flush=True)
+            pair = side_by_side(against, tmp / f"{engine}-{n}", repeats,
+                                lambda src, o, n=n, engine=engine: one_run(src, o, n, data, iterations, engine))
+            runs += [{"tree": side, "repeat": i, **fig} for side in ("old", "new") for i, fig in enumerate(pair[side])]
+        return runs
+    for rep in range(repeats):
+        for engine, n in cells if rep % 2 == 0 else cells[::-1]:
+            print(f"population: repeat {rep + 1}/{repeats}, {engine}, {n:,} clients", file=sys.stderr, flush=True)
+            fig = one_run(REPO_ROOT, tmp / f"{engine}-{n}-{rep}", n, data, iterations, engine)
+            runs.append({"tree": "new", "repeat": rep, **fig})
+    return runs
+
+
+#: the figures :func:`summarise` takes the median of, over repeats
+FIGURES = ("process_s", "startup_s", "median_s_per_global_iteration", "peak_rss_mb", "peak_tree_mb")
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (tree, engine, size): the median over repeats of each of :data:`FIGURES`, and the ratio of the
+    per-iteration seconds and of the peak tree memory to the next smaller size's of the same tree and engine
+    (``None`` at the smallest).
+
+    Returns:
+        one dict per (tree, engine, size), trees and engines in first-seen order, sizes ascending.
+    """
+    import statistics
+
+    rows: list[dict[str, Any]] = []
+    for tree, engine in dict.fromkeys((r.get("tree", "new"), r["engine"]) for r in runs):
+        mine_all = [r for r in runs if r.get("tree", "new") == tree and r["engine"] == engine]
+        prev = None
+        for n in sorted({r["clients"] for r in mine_all}):
+            mine = [r for r in mine_all if r["clients"] == n]
+            row = {"tree": tree, "engine": engine, "clients": n, "repeats": len(mine),
+                   **{k: round(statistics.median(r[k] for r in mine), 3) for k in FIGURES}}
+            row["s_ratio"] = (round(row["median_s_per_global_iteration"] / prev["median_s_per_global_iteration"], 3)
+                              if prev else None)
+            row["memory_ratio"] = round(row["peak_tree_mb"] / prev["peak_tree_mb"], 3) if prev else None
+            rows.append(row)
+            prev = row
+    return rows
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    """:func:`summarise`'s rows as a Markdown table (ratios: to the next smaller size of the same engine)."""
+    trees = len({r["tree"] for r in rows}) > 1
+    lines = [("| tree " if trees else "") + "| engine | clients | repeats | process s | start-up s | s / global "
+             "iteration (median) | ÷ smaller size | peak RSS MB (driver) | peak PSS MB (all processes) | ÷ smaller size |",
+             ("|---" if trees else "") + "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def ratio(x):
+        return "–" if x is None else f"{x:.2f}"
+
+    for r in rows:
+        lines.append((f"| {r['tree']} " if trees else "") + f"| {r['engine']} | {r['clients']:,} | {r['repeats']} | {r['process_s']:.1f} | "
+                     f"{r['startup_s']:.1f} | {r['median_s_per_global_iteration']:.3f} | {ratio(r['s_ratio'])} | "
+                     f"{r['peak_rss_mb']:.0f} | {r['peak_tree_mb']:.0f} | {ratio(r['memory_ratio'])} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Peak memory (PSS of all processes, MB) and seconds per global iteration against clients, per engine."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for tree, engine in dict.fromkeys((r["tree"], r["engine"]) for r in rows):
+        mine = [r for r in rows if r["tree"] == tree and r["engine"] == engine]
+        xs = [r["clients"] for r in mine]
+        label = engine if tree == "new" else f"{engine} ({tree} tree)"
+        axes[0].plot(xs, [r["peak_tree_mb"] for r in mine], marker="o", label=label)
+        axes[1].plot(xs, [r["median_s_per_global_iteration"] for r in mine], marker="o", label=label)
+    for ax, label in zip(axes, ("peak memory, all processes (MB)", "seconds per global iteration (median)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("registered clients")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("SplitFed-V1, LeNet-5 on Fashion-MNIST, 10 clients per global iteration")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.population``: :func:`measure`, then results.json, table.md and scale.png in ``--out``."""
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.population", description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="100,1000,10000", help="registered clients, comma-separated")
+    ap.add_argument("--engines", default="inprocess,ray", help="comma-separated: inprocess, ray")
+    ap.add_argument("--iterations", type=int, default=10, help="global iterations per run")
+    ap.add_argument("--repeats", type=int, default=2, help="runs per (engine, size), in ABBA order")
+    ap.add_argument("--data-dir", default=None, help="Fashion-MNIST's directory (default ../shared/data/fashion-mnist)")
+    ap.add_argument("--against", default=None, help="a git revision to run side by side with this tree (\"old\")")
+    ap.add_argument("--out", required=True, help="directory for results.json, table.md and scale.png")
+    args = ap.parse_args(argv)
+    try:
+        sizes = tuple(int(x) for x in args.sizes.split(","))
+    except ValueError:
+        ap.error(f"--sizes must be comma-separated integers, got {args.sizes!r}")
+    engines = tuple(args.engines.split(","))
+    if any(e not in ENGINES for e in engines):
+        ap.error(f"--engines must be among {', '.join(ENGINES)}, got {args.engines!r}")
+    if min(sizes) < 10 or args.iterations < 2 or args.repeats < 1:
+        ap.error("--sizes must be at least 10 (10 clients per round), --iterations at least 2, --repeats at least 1")
+    with tempfile.TemporaryDirectory(prefix="sflower-population-") as tmp:
+        try:
+            runs = measure(sizes, engines, args.iterations, args.repeats, Path(tmp), args.data_dir, args.against)
+        except (RuntimeError, ConfigError) as err:
+            print(f"population: {err}", file=sys.stderr)
+            return 1
+    rows = summarise(runs)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python -m benchmarks.population " + " ".join(argv if argv is not None else sys.argv[1:])
+    (out / "results.json").write_text(json.dumps({"command": command, "runs": runs, "summary": rows}, indent=2) + "\n")
+    (out / "table.md").write_text(summary_table(rows) + "\n")
+    plot(rows, out / "scale.png")
+    print(summary_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

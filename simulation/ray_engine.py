@@ -138,11 +138,11 @@ def _prompt_delivery(wake: threading.Event) -> Iterator[None]:
 
     def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Mapping[int, int],
                               f_stop: threading.Event) -> None:
+        order = {node_id: i for i, node_id in enumerate(nodes_mapping)}
         while not f_stop.is_set():
             wake.clear()
-            for node_id in nodes_mapping.keys():
-                for msg in state.get_message_ins(node_id=node_id, limit=1):
-                    queue.put(msg)
+            for msg in _pick_up(state, order):
+                queue.put(msg)
             wake.wait(PICKUP_TIMEOUT_S)
 
     vce_api.add_messages_to_queue = add_messages_to_queue
@@ -150,6 +150,44 @@ def _prompt_delivery(wake: threading.Event) -> Iterator[None]:
         yield
     finally:
         vce_api.add_messages_to_queue = original
+
+
+def _pick_up(state: Any, order: Mapping[int, int]) -> list[Message]:
+    """One scan of Flower's pick-up loop: each node's first undelivered message, marked delivered, in the order
+    of ``order`` (node id -> its place in Flower's node mapping).
+
+    Flower's scan (``vce_api.add_messages_to_queue``) calls ``state.get_message_ins(node_id, limit=1)``
+    for every registered node, and each call walks the whole message store under the state's lock,
+    checking every stored message (expiry, federation): N nodes × M stored messages per scan, and a scan
+    runs at every push. At 10,000 nodes the handshake alone (M = N) does not end in 10 minutes. Here one
+    walk over the in-memory store does what those N calls do: for each node a message is addressed to,
+    its first undelivered message in store order, checked by the state's own ``_check_stored_messages``
+    and marked delivered, as ``get_message_ins`` does. The queue receives the same messages in the same
+    order. A link state that is not Flower's in-memory one (another Flower version) is scanned Flower's way.
+    """
+    store = getattr(state, "message_ins_store", None)
+    check = getattr(state, "_check_stored_messages", None)
+    lock = getattr(state, "lock", None)
+    if not isinstance(store, dict) or check is None or lock is None:
+        return [m for node_id in order for m in state.get_message_ins(node_id=node_id, limit=1)]
+    from flwr.supercore.date import now
+
+    picked: dict[int, Message] = {}
+    with lock:
+        for msg_id in list(store):
+            msg = store.get(msg_id)
+            if msg is None or msg.metadata.delivered_at != "":
+                continue
+            dst = msg.metadata.dst_node_id
+            if dst not in order or dst in picked:
+                continue
+            check({msg_id})  # expired, or its nodes left the federation: deleted, as Flower's scan would
+            if (msg := store.get(msg_id)) is not None:
+                picked[dst] = msg
+        stamp = now().isoformat()
+        for msg in picked.values():
+            msg.metadata.delivered_at = stamp
+    return [picked[n] for n in sorted(picked, key=order.__getitem__)]
 
 
 def _init_ray(address: str | None, num_cpus: int) -> float:

@@ -237,6 +237,80 @@ def test_placement_table_parallelism():
     assert t["mean_parallel"] == 5.0 / 4.0
 
 
+class _Store:
+    """A link state's message store as Flower's in-memory one keeps it (``message_ins_store``, ``lock``,
+    ``_check_stored_messages`` deleting the expired, and ``get_message_ins``: walk the store checking every
+    message, take the node's first undelivered one, mark it delivered); it counts the checks."""
+
+    def __init__(self, dsts: list[int], expired: tuple[str, ...] = ()) -> None:
+        import threading
+        from types import SimpleNamespace
+
+        self.message_ins_store = {f"m{i}": SimpleNamespace(metadata=SimpleNamespace(dst_node_id=d, delivered_at=""))
+                                  for i, d in enumerate(dsts)}
+        self.expired, self.lock, self.checks = set(expired), threading.RLock(), 0
+
+    def _check_stored_messages(self, ids: set[str]) -> None:
+        self.checks += len(ids)
+        for i in ids & self.expired:
+            self.message_ins_store.pop(i, None)
+
+    def get_message_ins(self, node_id: int, limit: int) -> list:
+        found = []
+        for msg_id in list(self.message_ins_store):
+            self._check_stored_messages({msg_id})
+            m = self.message_ins_store.get(msg_id)
+            if m and m.metadata.dst_node_id == node_id and m.metadata.delivered_at == "":
+                found.append(m)
+            if len(found) == limit:
+                break
+        for m in found:
+            m.metadata.delivered_at = "now"
+        return found
+
+
+class _OtherState:
+    """A link state that is not Flower's in-memory one: only ``get_message_ins``."""
+
+    def __init__(self, inner: _Store) -> None:
+        self.get_message_ins = inner.get_message_ins
+
+
+def test_the_pickup_scan_walks_the_store_once_and_delivers_what_flowers_scan_delivers():
+    """The Ray engine's pick-up scan (simulation.ray_engine._prompt_delivery) puts in the queue what Flower's
+    scan of every node puts there (each node's first undelivered message, in the node mapping's order; an
+    expired one deleted, not delivered), checking each stored message once instead of once per node."""
+    import queue
+    import threading
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    from simulation.ray_engine import _prompt_delivery
+
+    mapping = {node: i for i, node in enumerate([90, 70, 50, 30, 10])}
+    dsts, expired = [30, 70, 70, 10, 99, 50], ("m5",)  # 99: not a node of the run; m5 (for 50) has expired
+
+    def one_scan(patched: bool, wrap=lambda s: s) -> tuple[list[str], _Store]:
+        state, q, stop = _Store(dsts, expired), queue.Queue(), threading.Event()
+        scan = vce_api.add_messages_to_queue
+        if patched:
+            with _prompt_delivery(threading.Event()):
+                scan = vce_api.add_messages_to_queue
+        stopper = threading.Timer(0.05, stop.set)  # set during the first scan's wait: one scan
+        stopper.start()
+        scan(wrap(state), q, mapping, stop)
+        stopper.join()
+        ids = {id(v): k for k, v in state.message_ins_store.items()}
+        return [ids[id(q.get())] for _ in range(q.qsize())], state
+
+    flower, flower_state = one_scan(patched=False)
+    ours, ours_state = one_scan(patched=True)
+    assert ours == flower == ["m1", "m0", "m3"]  # one message per node per scan, in the mapping's order
+    assert "m5" not in ours_state.message_ins_store and "m5" not in flower_state.message_ins_store
+    assert ours_state.checks <= len(dsts) < flower_state.checks  # Flower: every message, once per node
+    assert one_scan(patched=True, wrap=_OtherState)[0] == flower  # another link state: Flower's own scan
+
+
 # =============================================================================
 # 14. Split LoRA (minilm-l6 on SST-2) on every engine
 # =============================================================================
