@@ -382,3 +382,43 @@ def test_every_strategy_writes_and_resumes_its_state(tmp_path, monkeypatch, stra
     where = [f"data-dir={cfg['data-dir']}"] if "data-dir" in cfg else []  # a checkpoint's data-dir is given again
     assert cli.main(["run", "-q", f"resume={run_dir}", *where]) == 0
     _same_metrics(run_dir / "metrics.csv", _reference(tmp_path, cfg))
+
+
+def test_round_trip_waits_between_pulls_at_least_as_long_as_a_pull_took(monkeypatch):
+    """strategies.core.client_states.round_trip (the handshake's and the checkpoint's wait for replies): a pull
+    that takes longer than POLL_S is followed by a wait as long as the pull, so that pulling never holds the
+    ServerApp's process more than half the time (at 10,000 nodes a pull checks 10,000 ids); a quick pull is
+    followed by POLL_S. Timed on a fake clock: no test time depends on the machine."""
+    from types import SimpleNamespace
+
+    from strategies.core import client_states
+
+    clock = SimpleNamespace(now=0.0, sleeps=[])
+    monkeypatch.setattr(client_states.time, "monotonic", lambda: clock.now)
+
+    def sleep(s):
+        clock.sleeps.append(round(s, 6))
+        clock.now += s
+
+    monkeypatch.setattr(client_states.time, "sleep", sleep)
+
+    class Grid:
+        """Replies to one message per pull; a pull costs 0.05 s per waiting id, then 0.001 s from the third on."""
+
+        def __init__(self):
+            self.pulls = 0
+
+        def push_messages(self, messages):
+            return [m.metadata.message_id for m in messages]
+
+        def pull_messages(self, ids):
+            self.pulls += 1
+            clock.now += (0.05 if self.pulls < 3 else 0.001) * len(ids)
+            first = sorted(ids)[0]
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=first))]
+
+    msgs = [SimpleNamespace(metadata=SimpleNamespace(message_id=f"m{i}")) for i in range(4)]
+    replies = client_states.round_trip(Grid(), msgs, deadline=1e9, what="test")
+    assert [r.metadata.reply_to_message_id for r in replies] == ["m0", "m1", "m2", "m3"]
+    # pulls of 4 ids (0.2 s), then 3 (0.15 s), then 2 ids at 0.001 s each (0.002 s < POLL_S): wait POLL_S
+    assert clock.sleeps == [0.2, 0.15, client_states.POLL_S]
