@@ -57,7 +57,7 @@ ENGINES = ("inprocess", "ray")
 #: The child: the tree's CLI, then its own peak RSS (KB) written to a file, and (a second line) the peak of
 #: the summed PSS (KB) of it and its descendants, sampled by a thread every 0.5 s.
 _CHILD = r"""
-import os, resource, sys, threading
+import resource, sys, threading
 def _pss_kb(pid):
     try:
         with open(f"/proc/{pid}/smaps_rollup") as fh:
@@ -68,12 +68,12 @@ def _pss_kb(pid):
         pass
     return 0
 def _tree_kb():
+    import psutil
+    me = psutil.Process()
     try:
-        import psutil
-        me = psutil.Process()
         pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
-    except Exception:
-        pids = [os.getpid()]
+    except psutil.Error:  # a child ended while being listed: this sample counts the process alone
+        pids = [me.pid]
     return sum(_pss_kb(p) for p in pids)
 peak = [0]
 done = threading.Event()
@@ -149,15 +149,8 @@ def bench_population(tmp: Path, quick: bool = False, data_dir: str | None = None
         RuntimeError: a run failed.
         ConfigError: ``against`` is not a commit.
     """
-    data = fmnist_dir(data_dir)
     sizes = QUICK_SIZES if quick else SIZES
-    runs: list[dict[str, Any]] = []
-    for n in sizes:
-        if against is None:
-            runs.append({"tree": "new", **one_run(REPO_ROOT, tmp / f"new-{n}", n, data)})
-            continue
-        pair = side_by_side(against, tmp / f"n{n}", 1, lambda src, o, n=n: one_run(src, o, n, data))
-        runs += [{"tree": side, **pair[side][0]} for side in ("old", "new")]
+    runs = measure(sizes, ("inprocess",), ITERATIONS, 1, tmp, data_dir, against)
     result = {"command": "python -m benchmarks population" + (" --quick" if quick else "")
               + (f" --against {against}" if against else ""), "against": against,
               "runs": runs, "per_client": _per_client(runs), "table": table(runs, against)}

@@ -276,6 +276,20 @@ class _OtherState:
         self.get_message_ins = inner.get_message_ins
 
 
+class _OneScan:
+    """A stop event for the pick-up loop that lets exactly one scan run, whatever the machine's load."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def is_set(self) -> bool:
+        self.asked += 1
+        return self.asked > 1
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
+
 def test_the_pickup_scan_walks_the_store_once_and_delivers_what_flowers_scan_delivers():
     """The Ray engine's pick-up scan (simulation.ray_engine._prompt_delivery) puts in the queue what Flower's
     scan of every node puts there (each node's first undelivered message, in the node mapping's order; an
@@ -291,15 +305,12 @@ def test_the_pickup_scan_walks_the_store_once_and_delivers_what_flowers_scan_del
     dsts, expired = [30, 70, 70, 10, 99, 50], ("m5",)  # 99: not a node of the run; m5 (for 50) has expired
 
     def one_scan(patched: bool, wrap=lambda s: s) -> tuple[list[str], _Store]:
-        state, q, stop = _Store(dsts, expired), queue.Queue(), threading.Event()
+        state, q = _Store(dsts, expired), queue.Queue()
         scan = vce_api.add_messages_to_queue
         if patched:
             with _prompt_delivery(threading.Event()):
                 scan = vce_api.add_messages_to_queue
-        stopper = threading.Timer(0.05, stop.set)  # set during the first scan's wait: one scan
-        stopper.start()
-        scan(wrap(state), q, mapping, stop)
-        stopper.join()
+        scan(wrap(state), q, mapping, _OneScan())
         ids = {id(v): k for k, v in state.message_ins_store.items()}
         return [ids[id(q.get())] for _ in range(q.qsize())], state
 
