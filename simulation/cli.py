@@ -64,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     from strategies.core.base import DivergedError, RunFailedError
 
     engine, pairs = split_engine(parse_key_values(args.pairs))
-    engine_options = pop_engine_options(engine, pairs)  # ray-address, ray-cpus, ray-gpus
+    engine_options = pop_engine_options(engine, pairs)  # ray-address, ray-cpus, ray-gpus, ray-idle
     resume = pairs.pop("resume", None)
     if resume is not None:
         pairs = resume_pairs(resume, pairs)
@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sflower", description="Split federated learning on Flower.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one job", description="Keys: " + ", ".join(CORE_KEYS) + " (each strategy's own: sflower strategies), engine, "
-                         "ray-address, ray-cpus, ray-gpus; or "
+                         "ray-address, ray-cpus, ray-gpus, ray-idle; or "
                          "resume=RUN_DIR to continue a run that wrote checkpoints (checkpoint-every=N)")
     run.add_argument("pairs", nargs="*", metavar="KEY=VALUE")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

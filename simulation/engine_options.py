@@ -20,6 +20,7 @@ from simulation.engine import ENGINES
 RAY_ADDRESS_KEY = "ray-address"
 RAY_CPUS_KEY = "ray-cpus"
 RAY_GPUS_KEY = "ray-gpus"
+RAY_IDLE_KEY = "ray-idle"
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
 
 
@@ -63,6 +64,8 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
     Option(RAY_CPUS_KEY, 1, "`engine=ray`: the local Ray instance's CPUs, one client actor each", check=_check_cpus),
     Option(RAY_GPUS_KEY, 0.0, "`engine=ray`: each client actor's GPU fraction (0.25: four clients per GPU)",
            check=_check_gpus),
+    Option(RAY_IDLE_KEY, False, "`engine=ray`: client actors run at Linux's idle priority (SCHED_IDLE), so that "
+           "they never slow the ServerApp's cores; for a machine that runs nothing else"),
 )
 _OPTIONS = {opt.key: opt for opt in ENGINE_OPTIONS}
 
@@ -94,18 +97,22 @@ def pop_engine_options(engine: str, pairs: dict[str, str]) -> dict[str, Any]:
     is its nodes' ``--num-cpus``). ``ray-gpus=F`` gives each client actor
     the GPU fraction ``F`` (Flower's ``client-resources-num-gpus``; 0.25 =
     four clients per GPU), so that ``device=auto`` finds a GPU in the actors.
+    ``ray-idle=true`` runs the client actors in Linux's ``SCHED_IDLE`` class
+    (:func:`simulation.ray_engine._yield_cpu`).
 
     Raises:
         ConfigError: a key for another engine, a bad address, CPU count or
             GPU fraction, or ``ray-gpus`` on a local instance without a GPU.
     """
-    given = {key: pairs.pop(key) for key in (RAY_ADDRESS_KEY, RAY_CPUS_KEY, RAY_GPUS_KEY) if key in pairs}
+    given = {key: pairs.pop(key) for key in (RAY_ADDRESS_KEY, RAY_CPUS_KEY, RAY_GPUS_KEY, RAY_IDLE_KEY)
+             if key in pairs}
     if given and engine != "ray":
         raise ConfigError(f"{next(iter(given))} needs engine=ray (engine is {engine})")
     if RAY_ADDRESS_KEY in given and RAY_CPUS_KEY in given:
         raise ConfigError(f"give {RAY_ADDRESS_KEY} or {RAY_CPUS_KEY}, not both: a cluster's CPUs are its "
                           f"nodes' (ray start --num-cpus)")
-    names = {RAY_ADDRESS_KEY: "address", RAY_CPUS_KEY: "num_cpus", RAY_GPUS_KEY: "num_gpus"}
+    names = {RAY_ADDRESS_KEY: "address", RAY_CPUS_KEY: "num_cpus", RAY_GPUS_KEY: "num_gpus",
+             RAY_IDLE_KEY: "idle_actors"}
     opts = {names[key]: _value(key, raw) for key, raw in given.items()}
     if "address" in opts:
         opts["address"] = check_ray_address(opts["address"])

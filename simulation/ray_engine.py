@@ -55,9 +55,10 @@ class RayClientApp(ClientApp):
         log: the placement log actor handle, or None.
     """
 
-    def __init__(self, app: ClientApp, task_ref: Any = None, log: Any = None) -> None:
+    def __init__(self, app: ClientApp, task_ref: Any = None, log: Any = None, yield_cpu: bool = False) -> None:
         super().__init__()
         self.app = app
+        self.yield_cpu = yield_cpu
         self.task_ref = task_ref
         self._task_id = task_ref.hex() if task_ref is not None else None
         self.log = log
@@ -72,6 +73,8 @@ class RayClientApp(ClientApp):
 
             preload_task(cfg, task)
             _PROCESS["task"] = self._task_id
+            if self.yield_cpu:
+                _yield_cpu()
             threading.Thread(target=_warm_up, name="sflower-warm-up", daemon=True).start()
         start = time.time()
         try:
@@ -87,6 +90,29 @@ class RayClientApp(ClientApp):
 
 #: Per-process facts of a Ray actor process (the preloaded task's object id, the Ray node id).
 _PROCESS: dict[str, str] = {}
+
+
+def _yield_cpu() -> None:
+    """Put every thread of this actor process in Linux's ``SCHED_IDLE`` class (elsewhere: nothing); ``ray-idle``.
+
+    On one machine the ServerApp shares the cores with the client actors, and in split learning its
+    server-side model is most of the work (GAS's main job: 82 %). Its intra-op threads then wait at every
+    parallel region for a thread that an actor pre-empted: with Ray's own worker niceness (15) the main job's
+    server side still took 20 % longer beside one actor on 2 cores (docs/performance.md). An idle-class
+    thread runs only on a core that nothing else wants and gives it up at once when a server thread wakes.
+    The cost: any other busy process on the machine starves the actors, hence opt-in. No number changes:
+    the actors run the same handlers, only later. New threads inherit the class from the thread that starts
+    them.
+    """
+    if not hasattr(os, "SCHED_IDLE"):
+        return
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _warm_up() -> None:
@@ -331,7 +357,7 @@ class _QuietDeprecation(logging.Filter):
 
 
 def run_ray(plan: RunPlan, *, progress: bool = True, num_cpus: int | None = None,
-            address: str | None = None, num_gpus: float = 0.0) -> dict[str, Any]:
+            address: str | None = None, num_gpus: float = 0.0, idle_actors: bool = False) -> dict[str, Any]:
     """Run a planned job on Flower's Ray simulation engine; returns the summary.
 
     One client actor per CPU runs the nodes' messages (Flower's actor pool);
@@ -349,6 +375,7 @@ def run_ray(plan: RunPlan, *, progress: bool = True, num_cpus: int | None = None
             instead of starting one; its nodes' CPUs size the actor pool.
         num_gpus: GPU fraction of each client actor (Flower's
             ``client_resources.num_gpus``); 0 keeps the actors on the CPU.
+        idle_actors: run the client actors at Linux's idle priority (:func:`_yield_cpu`; ``ray-idle``).
 
     Raises:
         ConfigError: a bad or unreachable ``address``, or both arguments.
@@ -394,7 +421,7 @@ def run_ray(plan: RunPlan, *, progress: bool = True, num_cpus: int | None = None
     with _prompt_delivery(wake):
         run_simulation(
             server_app=make_server_app(plan, progress=progress, wake=wake, finish=collect),
-            client_app=RayClientApp(client_app, task_ref, log),
+            client_app=RayClientApp(client_app, task_ref, log, yield_cpu=idle_actors),
             num_supernodes=plan.cfg.num_clients,
             # Ray is already initialised (above), so Flower's backend takes it as it is: no init_args
             backend_config={"client_resources": {"num_cpus": 1, "num_gpus": float(num_gpus)}},

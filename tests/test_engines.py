@@ -198,6 +198,7 @@ def test_a_preloaded_task_is_what_the_handshake_record_looks_up(tmp_path, monkey
     # a port where no Ray head listens: refused at once (ray.init itself would retry for minutes)
     ({"engine": "ray", "ray-address": "127.0.0.1:1"}, "nothing answers at 127.0.0.1:1"),
     ({"ray-gpus": "0.5"}, "ray-gpus needs engine=ray"),
+    ({"ray-idle": "true"}, "ray-idle needs engine=ray"),
     ({"engine": "ray", "ray-gpus": "2"}, "GPU fraction per client in [0, 1]"),
     ({"engine": "ray", "ray-gpus": "half"}, "ray-gpus='half' is not a valid float"),
 ])
@@ -219,6 +220,7 @@ def test_engine_options_parsed():
     assert pop_engine_options("ray", {"ray-address": "auto"}) == {"address": "auto"}
     assert pop_engine_options("inprocess", {}) == {}
     assert pop_engine_options("ray", {"ray-gpus": "0"}) == {"num_gpus": 0.0}
+    assert pop_engine_options("ray", {"ray-idle": "true"}) == {"idle_actors": True}
     if not torch.cuda.is_available():  # Ray would wait forever for a GPU that is not there
         with pytest.raises(ConfigError, match="ray-gpus=0.25 but this machine has no GPU"):
             pop_engine_options("ray", {"ray-gpus": "0.25"})
@@ -320,6 +322,40 @@ def test_the_pickup_scan_walks_the_store_once_and_delivers_what_flowers_scan_del
     assert "m5" not in ours_state.message_ins_store and "m5" not in flower_state.message_ins_store
     assert ours_state.checks <= len(dsts) < flower_state.checks  # Flower: every message, once per node
     assert one_scan(patched=True, wrap=_OtherState)[0] == flower  # another link state: Flower's own scan
+
+
+_YIELD_CHILD = r"""
+import os, threading
+from simulation.ray_engine import _yield_cpu
+started = threading.Event(); done = threading.Event()
+def worker():
+    started.set(); done.wait()
+early = threading.Thread(target=worker); early.start(); started.wait()
+before = os.sched_getscheduler(0)
+_yield_cpu()
+later = []
+t = threading.Thread(target=lambda: later.append(os.sched_getscheduler(0))); t.start(); t.join()
+tasks = {int(x): os.sched_getscheduler(int(x)) for x in os.listdir("/proc/self/task")}
+done.set(); early.join()
+print(before, sorted(set(tasks.values())), later[0], len(tasks))
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_a_local_ray_actor_yields_its_cores_to_the_server():
+    """_yield_cpu puts every thread of the process (one started before it, the main one, and one started
+    after it) in SCHED_IDLE; run in a child process, since it would demote the test process. Opt-in
+    (``ray-idle=true``)."""
+    import os
+    import subprocess
+    import sys
+
+    from simulation import ray_engine
+
+    out = subprocess.run([sys.executable, "-c", _YIELD_CHILD], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=os.getcwd())).stdout.strip()
+    assert out == f"{os.SCHED_OTHER} [{os.SCHED_IDLE}] {os.SCHED_IDLE} 2"
+    assert ray_engine.RayClientApp(object()).yield_cpu is False  # off unless the engine asks
 
 
 # =============================================================================
