@@ -53,6 +53,8 @@ class RayClientApp(ClientApp):
         app: the ClientApp to run.
         task_ref: a Ray ObjectRef of ``(RunConfig, Task)``, or None.
         log: the placement log actor handle, or None.
+        yield_cpu: with the task, put the actor process at Linux's idle priority (:func:`_yield_cpu`;
+            ``ray-idle=true``).
     """
 
     def __init__(self, app: ClientApp, task_ref: Any = None, log: Any = None, yield_cpu: bool = False) -> None:
