@@ -58,23 +58,20 @@ ENGINES = ("inprocess", "ray")
 #: the summed PSS (KB) of it and its descendants, sampled by a thread every 0.5 s.
 _CHILD = r"""
 import resource, sys, threading
-def _pss_kb(pid):
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+import psutil
 def _tree_kb():
-    import psutil
     me = psutil.Process()
     try:
-        pids = [me.pid] + [c.pid for c in me.children(recursive=True)]
+        procs = [me, *me.children(recursive=True)]
     except psutil.Error:  # a child ended while being listed: this sample counts the process alone
-        pids = [me.pid]
-    return sum(_pss_kb(p) for p in pids)
+        procs = [me]
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_full_info().pss // 1024
+        except psutil.Error:  # ended since
+            pass
+    return total
 peak = [0]
 done = threading.Event()
 def _sample():
