@@ -10,7 +10,9 @@ needed for the certificates and keys) are missing.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -247,11 +249,78 @@ def test_fast_refuses_a_flower_it_cannot_patch(tmp_path: Path) -> None:
             check_patchable(module)
     # the launcher turns the refusal into one line on stderr and exit code 2
     code = ("import simulation.deploy.supernode as s, runpy, sys\n"
-            "def refuse(_): raise s.UnpatchableFlower('fast=true: no longer sleeps')\n"
-            "s.supernode_main = refuse\nsys.argv = ['x', 'supernode']\n"
+            "def refuse(_, fast): raise s.UnpatchableFlower(f'fast={fast}: no longer sleeps')\n"
+            "s.supernode_main = refuse\nsys.argv = ['x', 'supernode-fast']\n"
             "runpy.run_module('simulation.deploy', run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    assert proc.returncode == 2 and proc.stderr.strip() == "sflower: fast=true: no longer sleeps", proc.stderr
+    assert proc.returncode == 2 and proc.stderr.strip() == "sflower: fast=True: no longer sleeps", proc.stderr
+
+
+def test_the_process_watch_walks_proc_once_per_poll(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``Processes.refresh`` reads the process table once for all the processes it watches (a walk per process
+    took a quarter of a core with 20 SuperNodes) and still finds each one's descendants."""
+    import sys
+
+    from simulation.deploy import processes as P
+
+    procs = P.Processes()
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
+    started = [procs.start(f"p{i}", [sys.executable, "-c", code], tmp_path / f"p{i}.log", dict(os.environ))
+               for i in range(3)]
+    walks = []
+    real = P._children_map
+    monkeypatch.setattr(P, "_children_map", lambda: walks.append(1) or real())
+    try:
+        for _ in range(100):
+            procs.refresh()
+            if all(p.known for p in started):
+                break
+            time.sleep(0.05)
+        assert all(len(p.known) == 1 for p in started)  # each one's child, found
+        assert len(walks) == _ + 1  # one walk per refresh, not one per process
+    finally:
+        procs.stop_all(grace=1.0)
+    assert not any(p.alive() for p in started)
+
+
+def test_a_clientapp_may_start_later_than_flowers_30_s_but_a_running_one_keeps_its_heartbeat_window(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's start window (``widen_start_window``) on Flower's own SuperNode state: a claimed task's
+    token outlives Flower's 30 s by the extra seconds only (Flower alone: expired at 31 s, the livelock of
+    20 SuperNodes on 2 cores); once activated, a task that stops its heartbeats expires as in Flower."""
+    from datetime import timedelta
+
+    from flwr.supercore.corestate import in_memory_corestate as core
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
+
+    from simulation.deploy.supernode import widen_start_window
+
+    class Widened(InMemoryNodeState):
+        """Flower's state, with only this class's claim wrapped (Flower's own class is untouched)."""
+
+    assert widen_start_window(Widened, 100.0) and widen_start_window(Widened, 100.0)  # wrapped once
+    start = core.now()
+    clock = {"t": start}
+    monkeypatch.setattr(core, "now", lambda: clock["t"])
+
+    def claimed(cls: type) -> tuple[object, int, str]:
+        state = cls(ObjectStoreFactory().store())
+        task_id = state.create_task("clientapp", run_id=1)
+        token = state.claim_task(task_id)
+        assert token is not None
+        return state, task_id, token
+
+    flower, _, flower_token = claimed(InMemoryNodeState)
+    ours, task_id, token = claimed(Widened)
+    clock["t"] = start + timedelta(seconds=31)
+    assert flower.get_task_by_token(flower_token) is None  # Flower's window: gone
+    assert ours.get_task_by_token(token) is not None
+    clock["t"] = start + timedelta(seconds=129)
+    assert ours.activate_task(task_id) and ours.get_task_by_token(token) is not None
+    clock["t"] += timedelta(seconds=(core.HEARTBEAT_PATIENCE * core.HEARTBEAT_DEFAULT_INTERVAL) + 1)
+    assert ours.get_task_by_token(token) is None  # running, no heartbeat: Flower's window, not ours
+    assert widen_start_window(object, 1.0) is False  # no claim_task: left alone
 
 
 @pytest.mark.e2e

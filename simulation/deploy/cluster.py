@@ -215,10 +215,10 @@ class Deployment:
             args += ["--insecure"]
         if spec.key is not None:
             args += ["--auth-supernode-private-key", str(spec.key)]
-        if self.fast:  # through our launcher, which shortens the SuperNode's idle sleep
-            argv = [sys.executable, "-m", "simulation.deploy", "supernode", *args]
-        else:
-            argv = [flower_exe("flower-supernode"), *args]
+        # through our launcher (simulation.deploy.supernode): the ClientApps' start window, and with fast=true
+        # the SuperNode's idle sleeps capped
+        flower_exe("flower-supernode")  # installed (DeployError otherwise), as the launcher runs its code
+        argv = [sys.executable, "-m", "simulation.deploy", "supernode-fast" if self.fast else "supernode", *args]
         env = self.env(self.run_dir / "nodes" / f"node-{spec.pid}" / "flwr-home")
         name = f"node-{spec.pid}" + ("" if spec.authorised else "-unauthorised")
         spec.proc = self.processes.start(name, argv, self.logs / f"{name}.log", env, cwd=APP_DIR)

@@ -67,9 +67,10 @@ def _children_map() -> dict[int, list[int]]:
     return out
 
 
-def _descendants(pids: Sequence[int]) -> set[int]:
-    """Every descendant of ``pids`` (not the pids themselves)."""
-    children = _children_map()
+def _descendants(pids: Sequence[int], children: Mapping[int, list[int]] | None = None) -> set[int]:
+    """Every descendant of ``pids`` (not the pids themselves); ``children``: a :func:`_children_map` already
+    read (one walk of /proc), else it is read."""
+    children = _children_map() if children is None else children
     seen: set[int] = set()
     stack = list(pids)
     while stack:
@@ -138,10 +139,12 @@ class Processes:
         return proc
 
     def refresh(self) -> None:
-        """Remember the current descendants of every live process (called while polling)."""
+        """Remember the current descendants of every live process (called while polling): one walk of /proc for
+        all of them (a walk per process took 16 % of a core with 20 SuperNodes, on the machine they share)."""
+        children = _children_map()
         for proc in self.procs:
             if proc.alive():
-                proc.known |= _descendants([proc.pid])
+                proc.known |= _descendants([proc.pid], children)
 
     def kill(self, proc: Proc, sig: int = signal.SIGKILL) -> None:
         """Signal one process, its group and every descendant of it (SIGKILL: a crash)."""

@@ -5,17 +5,19 @@ grid Flower gives the ServerApp and sits under the dispatcher
 (:class:`strategies.core.dispatcher.Dispatcher` only pushes and pulls), so no
 strategy changes:
 
-* ``query.info`` (the handshake, which gives a node its task and partition)
-  goes through Flower as before;
-* any other request goes over the node's session. The first one opens it:
-  one ``query.session`` message through Flower (the endpoint's address, the
-  session id and secret, the CA) and the request waits in the session's
-  queue until the node connects;
+* every request goes over the node's session, the handshake (``query.info``,
+  which gives a node its task and partition) included. The first one opens
+  it: one ``query.session`` message through Flower (the endpoint's address,
+  the session id and secret, the CA) and the request waits in the session's
+  queue until the node connects. So a node starts one ClientApp process for
+  the whole run, at the handshake (in a deployment Flower starts a process
+  per message: two per node, when the handshake went through Flower, and the
+  second one in the first global iteration);
 * a request whose session fails before its reply arrives gets an error
   reply with the reason: the dispatcher reports it and the strategy excludes
   the node as for any failed message. So does every later request to that
   node, until a fresh handshake (``query.info``, re-admission) starts it
-  over; its next request then opens a new session with a new secret.
+  over: it opens a new session, with a new secret.
   Reasons: the node did not connect within ``session-timeout`` seconds; a
   wrong or replayed secret; the stream broke (the node was killed, the
   network went away); the node's ``query.session`` handler failed; a
@@ -43,8 +45,8 @@ from simulation.session.endpoint import CLOSED, FAILED, OPEN, OPENING, Session, 
 
 log = logging.getLogger("sflower")
 
-#: Requests that stay on Flower's messages: the handshake sets up the node's state before any session.
-FLOWER_ACTIONS = frozenset({"query.info"})
+#: The handshake: one sent to a node whose session failed starts the session over (re-admission).
+HANDSHAKE_ACTIONS = frozenset({"query.info"})
 #: Error code of a request that failed with its session.
 SESSION_FAILED = 2
 #: Wall seconds between checks of the opening messages' replies (each is a call to the SuperLink).
@@ -52,7 +54,7 @@ WATCH_INTERVAL = 0.25
 
 
 class SessionGrid(Grid):
-    """``grid`` with every request but the handshake carried by a session (module docstring).
+    """``grid`` with every request carried by a session (module docstring).
 
     Args:
         grid: Flower's grid (the deployment's).
@@ -106,15 +108,13 @@ class SessionGrid(Grid):
 
     # ------------------------------------------------------------------ requests
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Send each message: the handshake through Flower, the rest over the node's session."""
+        """Send each message over the node's session (opened by its first message)."""
         ids = []
         for msg in messages:
-            if msg.metadata.message_type in FLOWER_ACTIONS:
+            if msg.metadata.message_type in HANDSHAKE_ACTIONS:
                 old = self.sessions.get(msg.metadata.dst_node_id)
                 if old is not None and old.state == FAILED:  # a fresh handshake (re-admission) starts over
                     del self.sessions[msg.metadata.dst_node_id]
-                ids += list(self.grid.push_messages([msg]))
-                continue
             session = self._session(msg.metadata.dst_node_id)
             request_id = uuid.uuid4().hex
             self._requests[request_id] = (msg, session)
@@ -123,7 +123,8 @@ class SessionGrid(Grid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """The replies in for ``message_ids``: Flower's, the sessions' and the error replies of failed sessions."""
+        """The replies in for ``message_ids``: the sessions' and the error replies of failed sessions (and
+        Flower's, for an id this grid did not send)."""
         self._watch()
         flower, out = [], []
         for mid in message_ids:
@@ -193,8 +194,8 @@ class SessionGrid(Grid):
     def wire_bytes(self) -> dict[str, int]:
         """Bytes the sessions carried so far: ``wire_bytes_up`` (reply frames from the nodes) and
         ``wire_bytes_down`` (request frames queued for them: all sent, unless a session failed first),
-        each frame's header and framing included; the handshake, which goes through Flower, is not in
-        them. Compare with ``bytes_up``/``bytes_down``, the arrays' bytes that the virtual clock charges."""
+        each frame's header and framing included (the handshake's too); the openings, which go through
+        Flower, are not in them. Compare with ``bytes_up``/``bytes_down``, the arrays' bytes that the virtual clock charges."""
         return {"wire_bytes_up": sum(s.wire_up for s in self._all),
                 "wire_bytes_down": sum(s.wire_down for s in self._all)}
 
