@@ -140,7 +140,7 @@ class Processes:
 
     def refresh(self) -> None:
         """Remember the current descendants of every live process (called while polling): one walk of /proc for
-        all of them (a walk per process took 16 % of a core with 20 SuperNodes, on the machine they share)."""
+        all of them (a walk per process took a quarter of a core with 20 SuperNodes, on the cores they share)."""
         children = _children_map()
         for proc in self.procs:
             if proc.alive():
