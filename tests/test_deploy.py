@@ -264,20 +264,21 @@ def test_the_process_watch_walks_proc_once_per_poll(monkeypatch: pytest.MonkeyPa
     from simulation.deploy import processes as P
 
     procs = P.Processes()
-    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
+    code = ("import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\ntime.sleep(30)\n")
     started = [procs.start(f"p{i}", [sys.executable, "-c", code], tmp_path / f"p{i}.log", dict(os.environ))
                for i in range(3)]
     walks = []
     real = P._children_map
     monkeypatch.setattr(P, "_children_map", lambda: walks.append(1) or real())
+    refreshes = 0
     try:
-        for _ in range(100):
+        while refreshes < 100 and not all(p.known for p in started):
             procs.refresh()
-            if all(p.known for p in started):
-                break
+            refreshes += 1
             time.sleep(0.05)
         assert all(len(p.known) == 1 for p in started)  # each one's child, found
-        assert len(walks) == _ + 1  # one walk per refresh, not one per process
+        assert len(walks) == refreshes  # one walk per refresh, not one per process
     finally:
         procs.stop_all(grace=1.0)
     assert not any(p.alive() for p in started)

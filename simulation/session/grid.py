@@ -123,14 +123,13 @@ class SessionGrid(Grid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """The replies in for ``message_ids``: the sessions' and the error replies of failed sessions (and
-        Flower's, for an id this grid did not send)."""
+        """The replies in for ``message_ids`` (ids this grid gave): the sessions' and the error replies of
+        failed sessions. An id it did not give has no reply."""
         self._watch()
-        flower, out = [], []
+        out = []
         for mid in message_ids:
             entry = self._requests.get(mid)
             if entry is None:
-                flower.append(mid)
                 continue
             msg, session = entry
             got = session.take(mid)
@@ -144,8 +143,6 @@ class SessionGrid(Grid):
                 continue
             del self._requests[mid]
             out.append(reply_message(msg, mid, answer))
-        if flower:
-            out += list(self.grid.pull_messages(flower))
         return out
 
     # ------------------------------------------------------------------ sessions
@@ -195,7 +192,8 @@ class SessionGrid(Grid):
         """Bytes the sessions carried so far: ``wire_bytes_up`` (reply frames from the nodes) and
         ``wire_bytes_down`` (request frames queued for them: all sent, unless a session failed first),
         each frame's header and framing included (the handshake's too); the openings, which go through
-        Flower, are not in them. Compare with ``bytes_up``/``bytes_down``, the arrays' bytes that the virtual clock charges."""
+        Flower, are not in them. Compare with ``bytes_up``/``bytes_down``, the arrays' bytes that the
+        virtual clock charges."""
         return {"wire_bytes_up": sum(s.wire_up for s in self._all),
                 "wire_bytes_down": sum(s.wire_down for s in self._all)}
 
