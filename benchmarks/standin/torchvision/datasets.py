@@ -1,0 +1,86 @@
+"""Stand-in for ``torchvision.datasets.FashionMNIST`` (the only dataset ``GAS_main.py`` uses with ``fmnist = True``).
+
+File lookup (first hit wins), for each of the four standard IDX names, plain or .gz:
+  1. $TV_FASHIONMNIST_DIR/<name>[.gz]         (optional override: a directory holding the files)
+  2. <root>/FashionMNIST/raw/<name>[.gz]      (torchvision's own layout; GAS passes root='../data', cwd-relative)
+download=True is accepted but never downloads; missing files raise RuntimeError like torchvision.
+"""
+import gzip
+import os
+
+import numpy as np
+import torch
+from PIL import Image
+
+__all__ = ["FashionMNIST"]
+
+
+def _read_idx(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    magic = int.from_bytes(data[0:4], "big")
+    if magic >> 8 != 0x08:  # 0x08 = unsigned byte
+        raise RuntimeError(f"{path}: unsupported IDX magic {magic:#x}")
+    ndim = magic & 0xFF
+    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    return torch.from_numpy(arr.copy())
+
+
+class FashionMNIST(torch.utils.data.Dataset):
+    """torchvision's ``FashionMNIST``: ``data`` (uint8, N x 28 x 28), ``targets`` (int64, N); an item is
+    ``(transform(PIL image), int label)``.
+
+    Raises:
+        RuntimeError: an IDX file is in neither place of the module docstring (it never downloads).
+    """
+
+    classes = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+               "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+    _files = {True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+              False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+    def __init__(self, root, train=True, transform=None, target_transform=None, download=False):
+        if isinstance(root, (str, bytes)):
+            root = os.path.expanduser(root)
+        self.root = root
+        self.train = train
+        self.transform = transform
+        self.target_transform = target_transform
+        img_name, lbl_name = self._files[bool(train)]
+        self.data = _read_idx(self._find(img_name))            # uint8, N x 28 x 28
+        self.targets = _read_idx(self._find(lbl_name)).long()  # int64, N
+
+    @property
+    def raw_folder(self):
+        return os.path.join(self.root, self.__class__.__name__, "raw")
+
+    def _find(self, name):
+        dirs = []
+        env = os.environ.get("TV_FASHIONMNIST_DIR")
+        if env:
+            dirs.append(env)
+        dirs.append(self.raw_folder)
+        for d in dirs:
+            for cand in (name, name + ".gz"):
+                p = os.path.join(d, cand)
+                if os.path.isfile(p):
+                    return p
+        raise RuntimeError(f"Dataset not found: {name}[.gz] in {dirs} "
+                           "(torchvision stand-in never downloads; set TV_FASHIONMNIST_DIR or root)")
+
+    def __getitem__(self, index):
+        img, target = self.data[index], int(self.targets[index])
+        img = Image.fromarray(img.numpy(), mode="L")
+        if self.transform is not None:
+            img = self.transform(img)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return img, target
+
+    def __len__(self):
+        return len(self.data)
+
+    def extra_repr(self):
+        return f"Split: {'Train' if self.train is True else 'Test'}"
