@@ -1,14 +1,15 @@
-"""benchmarks/authors.py: the GAS authors' code against sflower. Their file's edits and checks, the timing of
-their output lines (on a stand-in for their script), the torchvision stand-in's numbers, the summary table and
-the CLI's one-line refusals. The real side-by-side runs take many minutes and are not run here."""
+"""benchmarks/authors.py: the GAS and RingSFL authors' code against sflower. GAS_main.py's edits and checks, the
+timing of their output lines (on stand-ins for their scripts), the RingSFL config file their copy gets, the
+torchvision stand-in's numbers, the summary table and the CLI's one-line refusals. The real side-by-side runs
+take minutes and are not run here."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.authors import (AUTHORS_EDITS, AUTHORS_FIXED, authors_source, iteration_seconds, main, run_authors,
-                                summary)
-from benchmarks.common import FMNIST_DIR
+from benchmarks.authors import (AUTHORS_EDITS, AUTHORS_FIXED, RING_CONFIG, authors_source, iteration_seconds, main,
+                                run_authors, run_authors_ring, summary)
+from benchmarks.common import FMNIST_DIR, MNIST_DIR
 from fl_app.run.errors import ConfigError
 
 needs_fmnist = pytest.mark.skipif(not (FMNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(),
@@ -73,8 +74,44 @@ def test_a_failing_or_short_run_of_theirs_is_one_line(tmp_path):
     authors = tmp_path / "GAS"
     authors.mkdir()
     (authors / "GAS_main.py").write_text("import torch\n" + _settings() + "\nraise SystemExit('their code gave up')\n")
-    with pytest.raises(RuntimeError, match="exited 1 after 0 global iterations: their code gave up"):
+    with pytest.raises(RuntimeError, match="GAS_main.py exited 1: their code gave up"):
         run_authors(authors, 2, str(FMNIST_DIR), tmp_path / "work")
+    (authors / "GAS_main.py").write_text(_FAKE_MAIN.format(settings=_settings()).replace("epochs + 1", "epochs"))
+    with pytest.raises(RuntimeError, match="printed 2 of 3 global iterations"):
+        run_authors(authors, 3, str(FMNIST_DIR), tmp_path / "work2")
+
+
+#: Like StalRingSFL's main.py: wandb's config from config-defaults.yaml in the working directory, MNIST through
+#: torchvision, a round logged as "round: 0" ... "acc: ..." (0.4 s apart).
+_FAKE_RING = """import logging, time, yaml, torchvision
+logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
+config = {k: v["value"] for k, v in yaml.safe_load(open("config-defaults.yaml")).items()}
+test = torchvision.datasets.MNIST("./datasets", train=False, transform=None, download=True)
+print("config", config["alg"], config["prop_lens"], config["global_round"], len(test), flush=True)
+logging.info("round: 0")
+time.sleep(0.4)
+logging.info("acc: 44.1 | round_comm: 1 | total_comm: 1")
+"""
+
+
+@pytest.mark.skipif(not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").is_file(), reason="MNIST is not in ../shared/data")
+def test_a_ring_round_of_theirs_is_timed_from_their_log_on_a_copy_with_our_config(tmp_path):
+    authors = tmp_path / "StalRingSFL"
+    (authors / "alg").mkdir(parents=True)
+    (authors / "alg" / "ringsfl_v2.py").write_text("")
+    (authors / "main.py").write_text(_FAKE_RING)
+    (authors / "config-defaults.yaml").write_text("alg:\n  value: vanilla_fl_drop\n")
+    seconds = run_authors_ring(authors, str(MNIST_DIR), tmp_path / "work")
+    assert 0.35 < seconds < 5.0
+    copy = tmp_path / "work" / "StalRingSFL"
+    assert "ringsfl_v2" in (copy / "config-defaults.yaml").read_text()
+    assert (authors / "config-defaults.yaml").read_text() == "alg:\n  value: vanilla_fl_drop\n"  # theirs untouched
+    assert RING_CONFIG["prop_lens"] == "8:1:1:1:1" and RING_CONFIG["global_round"] == 1
+    (authors / "main.py").write_text(_FAKE_RING.replace('logging.info("acc:', 'logging.info("loss:'))
+    with pytest.raises(RuntimeError, match="logged no complete round"):
+        run_authors_ring(authors, str(MNIST_DIR), tmp_path / "work2")
+    with pytest.raises(ConfigError, match="clone https://github.com/ShenJinglong/StalRingSFL"):
+        run_authors_ring(tmp_path / "nothing", str(MNIST_DIR), tmp_path / "work3")
 
 
 @needs_fmnist
@@ -106,10 +143,10 @@ def test_the_standin_does_torchvisions_per_sample_work(monkeypatch):
 
 
 def test_the_summary_gives_each_pairs_medians_and_the_overall_ratio():
-    rows = [{"pair": 1, "side": "authors", "global_iteration": k, "seconds": s} for k, s in ((2, 100.0), (3, 120.0))]
-    rows += [{"pair": 1, "side": "sflower", "global_iteration": k, "seconds": s} for k, s in ((2, 30.0), (3, 36.0))]
-    rows += [{"pair": 2, "side": "authors", "global_iteration": 2, "seconds": 140.0},
-             {"pair": 2, "side": "sflower", "global_iteration": 2, "seconds": 28.0}]
+    rows = [{"pair": 1, "side": "authors", "figure": k, "seconds": s} for k, s in ((1, 100.0), (2, 120.0))]
+    rows += [{"pair": 1, "side": "sflower", "figure": k, "seconds": s} for k, s in ((1, 30.0), (2, 36.0))]
+    rows += [{"pair": 2, "side": "authors", "figure": 1, "seconds": 140.0},
+             {"pair": 2, "side": "sflower", "figure": 1, "seconds": 28.0}]
     table = summary(rows).splitlines()
     assert table[2] == "| 1 | 110.0 | 33.0 | 0.300 |"
     assert table[3] == "| 2 | 140.0 | 28.0 | 0.200 |"
@@ -119,15 +156,16 @@ def test_the_summary_gives_each_pairs_medians_and_the_overall_ratio():
 @pytest.mark.parametrize("args, says", [
     (["--iterations", "1"], "--iterations must be at least 2"),
     (["--pairs", "0"], "--pairs at least 1"),
+    (["--pairs", "2", "x"], "unrecognized arguments"),
 ])
 def test_bad_arguments_are_refused_in_one_line(tmp_path, capsys, args, says):
     with pytest.raises(SystemExit) as exit_:
-        main(["--authors-dir", str(tmp_path), "--out", str(tmp_path / "out"), *args])
+        main(["gas", "--authors-dir", str(tmp_path), "--out", str(tmp_path / "out"), *args])
     assert exit_.value.code == 2 and says in capsys.readouterr().err
 
 
 def test_a_directory_without_their_code_is_one_line(tmp_path, capsys):
-    assert main(["--authors-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+    assert main(["gas", "--authors-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert "authors: no GAS_main.py in" in err and "github.com/eejiarong/GAS" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()

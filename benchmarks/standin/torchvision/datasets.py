@@ -1,8 +1,9 @@
-"""Stand-in for ``torchvision.datasets.FashionMNIST`` (the only dataset ``GAS_main.py`` uses with ``fmnist = True``).
+"""Stand-ins for ``torchvision.datasets.FashionMNIST`` (``GAS_main.py`` with ``fmnist = True``) and ``MNIST``
+(the RingSFL authors' ``utils/data_utils.py``).
 
 File lookup (first hit wins), for each of the four standard IDX names, plain or .gz:
-  1. $TV_FASHIONMNIST_DIR/<name>[.gz]         (optional override: a directory holding the files)
-  2. <root>/FashionMNIST/raw/<name>[.gz]      (torchvision's own layout; GAS passes root='../data', cwd-relative)
+  1. $TV_FASHIONMNIST_DIR (FashionMNIST) or $TV_MNIST_DIR (MNIST)/<name>[.gz]   (a directory holding the files)
+  2. <root>/FashionMNIST/raw/<name>[.gz] or <root>/MNIST/raw/...               (torchvision's own layout)
 download=True is accepted but never downloads; missing files raise RuntimeError like torchvision.
 """
 import gzip
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-__all__ = ["FashionMNIST"]
+__all__ = ["FashionMNIST", "MNIST"]
 
 
 def _read_idx(path):
@@ -36,6 +37,7 @@ class FashionMNIST(torch.utils.data.Dataset):
         RuntimeError: an IDX file is in neither place of the module docstring (it never downloads).
     """
 
+    _env = "TV_FASHIONMNIST_DIR"
     classes = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
     _files = {True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -58,7 +60,7 @@ class FashionMNIST(torch.utils.data.Dataset):
 
     def _find(self, name):
         dirs = []
-        env = os.environ.get("TV_FASHIONMNIST_DIR")
+        env = os.environ.get(self._env)
         if env:
             dirs.append(env)
         dirs.append(self.raw_folder)
@@ -68,7 +70,7 @@ class FashionMNIST(torch.utils.data.Dataset):
                 if os.path.isfile(p):
                     return p
         raise RuntimeError(f"Dataset not found: {name}[.gz] in {dirs} "
-                           "(torchvision stand-in never downloads; set TV_FASHIONMNIST_DIR or root)")
+                           f"(torchvision stand-in never downloads; set {self._env} or root)")
 
     def __getitem__(self, index):
         img, target = self.data[index], int(self.targets[index])
@@ -84,3 +86,11 @@ class FashionMNIST(torch.utils.data.Dataset):
 
     def extra_repr(self):
         return f"Split: {'Train' if self.train is True else 'Test'}"
+
+
+class MNIST(FashionMNIST):
+    """torchvision's ``MNIST``: as :class:`FashionMNIST`, from ``$TV_MNIST_DIR`` or ``<root>/MNIST/raw``."""
+
+    _env = "TV_MNIST_DIR"
+    classes = [f"{d} - {name}" for d, name in enumerate(
+        ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"))]
