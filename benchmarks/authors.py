@@ -139,7 +139,7 @@ def _authors_env(data_var: str, data_dir: str, path: Sequence[Path], threads: in
     return env
 
 
-def run_authors(authors_dir: Path, iterations: int, data_dir: str, work: Path) -> list[float]:
+def run_authors_gas(authors_dir: Path, iterations: int, data_dir: str, work: Path) -> list[float]:
     """Run the GAS authors' ``GAS_main.py`` for ``iterations`` global iterations; the monotonic times (s) at which
     each ``Global iteration: k`` line arrived.
 
@@ -221,7 +221,7 @@ class System:
 
 SYSTEMS: dict[str, System] = {
     "gas": System(
-        authors=lambda d, k, data, work: iteration_seconds(run_authors(d, k, data, work)),
+        authors=lambda d, k, data, work: iteration_seconds(run_authors_gas(d, k, data, work)),
         sflower=lambda k, data, work: iteration_seconds(run_sflower([*GAS_KEYS, f"global-iterations={k}"], data,
                                                                     work)[1:k + 1]),
         data_dir=fmnist_dir, unit="s per global iteration"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.authors import (AUTHORS_EDITS, AUTHORS_FIXED, RING_CONFIG, authors_source, iteration_seconds, main,
-                                run_authors, run_authors_ring, summary)
+                                run_authors_gas, run_authors_ring, summary)
 from benchmarks.common import FMNIST_DIR, MNIST_DIR
 from fl_app.run.errors import ConfigError
 
@@ -61,7 +61,7 @@ def test_their_script_runs_on_the_standin_and_each_iteration_line_is_timed(tmp_p
     authors = tmp_path / "GAS"
     (authors / "utils").mkdir(parents=True)
     (authors / "GAS_main.py").write_text(_FAKE_MAIN.format(settings=_settings()))
-    ends = run_authors(authors, 3, str(FMNIST_DIR), tmp_path / "work")
+    ends = run_authors_gas(authors, 3, str(FMNIST_DIR), tmp_path / "work")
     assert len(ends) == 3
     assert all(0.25 < s < 5.0 for s in iteration_seconds(ends))  # 0.3 s of sleep each, timed as lines arrive
     shown = (tmp_path / "work" / "GAS_main.py").read_text()
@@ -75,10 +75,10 @@ def test_a_failing_or_short_run_of_theirs_is_one_line(tmp_path):
     authors.mkdir()
     (authors / "GAS_main.py").write_text("import torch\n" + _settings() + "\nraise SystemExit('their code gave up')\n")
     with pytest.raises(RuntimeError, match="GAS_main.py exited 1: their code gave up"):
-        run_authors(authors, 2, str(FMNIST_DIR), tmp_path / "work")
+        run_authors_gas(authors, 2, str(FMNIST_DIR), tmp_path / "work")
     (authors / "GAS_main.py").write_text(_FAKE_MAIN.format(settings=_settings()).replace("epochs + 1", "epochs"))
     with pytest.raises(RuntimeError, match="printed 2 of 3 global iterations"):
-        run_authors(authors, 3, str(FMNIST_DIR), tmp_path / "work2")
+        run_authors_gas(authors, 3, str(FMNIST_DIR), tmp_path / "work2")
 
 
 #: Like StalRingSFL's main.py: wandb's config from config-defaults.yaml in the working directory, MNIST through
