@@ -122,7 +122,7 @@ def test_the_standin_does_torchvisions_per_sample_work(monkeypatch):
 
     from benchmarks.authors import STANDIN
 
-    monkeypatch.setenv("TV_FASHIONMNIST_DIR", str(FMNIST_DIR))  # as run_authors sets it
+    monkeypatch.setenv("TV_FASHIONMNIST_DIR", str(FMNIST_DIR))  # as run_authors_gas sets it
     sys.path.insert(0, str(STANDIN))
     try:
         import torchvision
