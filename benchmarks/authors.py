@@ -131,9 +131,10 @@ def timed_lines(argv: Sequence[str], cwd: Path, env: Mapping[str, str], markers:
 
 
 def _authors_env(data_var: str, data_dir: str, path: Sequence[Path], threads: int | None) -> dict[str, str]:
-    """Their process's environment: the stand-in first on ``PYTHONPATH``, the data directory in ``data_var``."""
+    """Their process's environment: the stand-in first on ``PYTHONPATH`` and this repository last (the stand-in
+    reads the IDX files with sflower's reader), the data directory in ``data_var``."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", data_var: data_dir, "WANDB_MODE": "offline",
-           "WANDB_SILENT": "true", "PYTHONPATH": os.pathsep.join(str(p) for p in (STANDIN, *path))}
+           "WANDB_SILENT": "true", "PYTHONPATH": os.pathsep.join(str(p) for p in (STANDIN, *path, REPO_ROOT))}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     return env

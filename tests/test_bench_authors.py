@@ -16,7 +16,7 @@ needs_fmnist = pytest.mark.skipif(not (FMNIST_DIR / "t10k-images-idx3-ubyte.gz")
                                   reason="Fashion-MNIST is not in ../shared/data")
 
 #: Like GAS_main.py: every setting a module constant; it reads Fashion-MNIST's test set through torchvision,
-#: then prints "Global iteration: k" after each global iteration, 0.3 s apart.
+#: then prints "Global iteration: k" after each global iteration, 1 s apart.
 _FAKE_MAIN = """import time, torch
 import torchvision
 {settings}
@@ -24,7 +24,7 @@ dataset = torchvision.datasets.FashionMNIST(root='../data', train=False, transfo
     [torchvision.transforms.ToTensor(), torchvision.transforms.Normalize((0.286,), (0.3205,))]))
 print("settings", fmnist, cifar, epochs, device, len(dataset), tuple(dataset[0][0].shape))
 for epoch in range(1, epochs + 1):
-    time.sleep(0.3)
+    time.sleep(1.0)
     print("Time: 5.0")
     print("Global iteration: " + str(epoch))
     print("Accuracy: 0.1")
@@ -63,7 +63,9 @@ def test_their_script_runs_on_the_standin_and_each_iteration_line_is_timed(tmp_p
     (authors / "GAS_main.py").write_text(_FAKE_MAIN.format(settings=_settings()))
     ends = run_authors_gas(authors, 3, str(FMNIST_DIR), tmp_path / "work")
     assert len(ends) == 3
-    assert all(0.25 < s < 5.0 for s in iteration_seconds(ends))  # 0.3 s of sleep each, timed as lines arrive
+    # 1 s of sleep each, timed as the lines arrive: a reader delayed by a busy machine moves a figure by its delay,
+    # and the bounds leave half a second either way (no figure is the sleep's exactly)
+    assert all(0.5 < s < 10.0 for s in iteration_seconds(ends))
     shown = (tmp_path / "work" / "GAS_main.py").read_text()
     assert "epochs = 3" in shown and "fmnist = True" in shown
     assert (authors / "GAS_main.py").read_text().count("epochs = 2000") == 1  # their file is left as it was
@@ -82,14 +84,14 @@ def test_a_failing_or_short_run_of_theirs_is_one_line(tmp_path):
 
 
 #: Like StalRingSFL's main.py: wandb's config from config-defaults.yaml in the working directory, MNIST through
-#: torchvision, a round logged as "round: 0" ... "acc: ..." (0.4 s apart).
+#: torchvision, a round logged as "round: 0" ... "acc: ..." (1 s apart).
 _FAKE_RING = """import logging, time, yaml, torchvision
 logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
 config = {k: v["value"] for k, v in yaml.safe_load(open("config-defaults.yaml")).items()}
 test = torchvision.datasets.MNIST("./datasets", train=False, transform=None, download=True)
 print("config", config["alg"], config["prop_lens"], config["global_round"], len(test), flush=True)
 logging.info("round: 0")
-time.sleep(0.4)
+time.sleep(1.0)
 logging.info("acc: 44.1 | round_comm: 1 | total_comm: 1")
 """
 
@@ -102,7 +104,7 @@ def test_a_ring_round_of_theirs_is_timed_from_their_log_on_a_copy_with_our_confi
     (authors / "main.py").write_text(_FAKE_RING)
     (authors / "config-defaults.yaml").write_text("alg:\n  value: vanilla_fl_drop\n")
     seconds = run_authors_ring(authors, str(MNIST_DIR), tmp_path / "work")
-    assert 0.35 < seconds < 5.0
+    assert 0.5 < seconds < 10.0
     copy = tmp_path / "work" / "StalRingSFL"
     assert "ringsfl_v2" in (copy / "config-defaults.yaml").read_text()
     assert (authors / "config-defaults.yaml").read_text() == "alg:\n  value: vanilla_fl_drop\n"  # theirs untouched

@@ -12,6 +12,6 @@ if len(sys.argv) > 1 and sys.argv[1] in ("supernode", "supernode-fast"):
         print(f"sflower: {err}", file=sys.stderr)
         sys.exit(2)
 else:
-    print("usage: python -m simulation.deploy supernode|supernode-fast [flower-supernode args]  (or: sflower deploy ...)",
-          file=sys.stderr)
+    print("usage: python -m simulation.deploy supernode|supernode-fast [flower-supernode args]  "
+          "(or: sflower deploy ...)", file=sys.stderr)
     sys.exit(2)

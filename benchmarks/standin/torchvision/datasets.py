@@ -6,10 +6,8 @@ File lookup (first hit wins), for each of the four standard IDX names, plain or 
   2. <root>/FashionMNIST/raw/<name>[.gz] or <root>/MNIST/raw/...               (torchvision's own layout)
 download=True is accepted but never downloads; missing files raise RuntimeError like torchvision.
 """
-import gzip
 import os
 
-import numpy as np
 import torch
 from PIL import Image
 
@@ -17,16 +15,14 @@ __all__ = ["FashionMNIST", "MNIST"]
 
 
 def _read_idx(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    magic = int.from_bytes(data[0:4], "big")
-    if magic >> 8 != 0x08:  # 0x08 = unsigned byte
-        raise RuntimeError(f"{path}: unsupported IDX magic {magic:#x}")
-    ndim = magic & 0xFF
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    arr = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
-    return torch.from_numpy(arr.copy())
+    """One IDX file as a uint8 tensor, through sflower's own checked reader (``fl_app.data.files``; the
+    repository is last on the authors' code's ``PYTHONPATH``): images have magic 2051, labels 2049."""
+    from pathlib import Path
+
+    from fl_app.data.files import _read_idx as read_checked
+
+    magic = 2051 if "images" in os.path.basename(path) else 2049
+    return torch.from_numpy(read_checked(Path(path), magic).copy())
 
 
 class FashionMNIST(torch.utils.data.Dataset):

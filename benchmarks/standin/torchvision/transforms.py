@@ -28,17 +28,15 @@ _MODE_TO_NPTYPE = {"I": np.int32, "I;16": np.int16, "F": np.float32}
 
 
 def to_tensor(pic):
-    """torchvision.transforms.functional.to_tensor for PIL images and HxW(xC) uint8 ndarrays."""
+    """torchvision.transforms.functional.to_tensor for PIL images (the authors' code gives it no other input),
+    with torchvision's steps, so that it costs what torchvision's does.
+
+    Raises:
+        TypeError: ``pic`` is not a PIL image.
+    """
     default_float_dtype = torch.get_default_dtype()
-    if isinstance(pic, np.ndarray):
-        if pic.ndim == 2:
-            pic = pic[:, :, None]
-        img = torch.from_numpy(pic.transpose((2, 0, 1))).contiguous()
-        if isinstance(img, torch.ByteTensor):
-            return img.to(dtype=default_float_dtype).div(255)
-        return img
     if not isinstance(pic, Image.Image):
-        raise TypeError(f"pic should be PIL Image or ndarray. Got {type(pic)}")
+        raise TypeError(f"pic should be PIL Image. Got {type(pic)}")
     # PIL image: uint8 array -> tensor viewed H x W x C -> C x H x W, contiguous, float / 255
     img = torch.from_numpy(np.array(pic, _MODE_TO_NPTYPE.get(pic.mode, np.uint8), copy=True))
     if pic.mode == "1":
