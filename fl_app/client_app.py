@@ -33,6 +33,7 @@ from fl_app.client.fl_handlers import evaluate, train_fit
 from fl_app.client.hidden_handlers import query_hidden
 from fl_app.client.node import query_info
 from fl_app.client.split_handlers import train_backward, train_forward, train_step
+from fl_app.client.warm_up import warmed
 from fl_app.client.zo_handlers import train_zo_forward, train_zo_update
 from fl_app.cut.link import client_mod
 from fl_app.session.client import serve_session
@@ -73,5 +74,7 @@ app.query("vertical")(query_vertical)  # a vertical party's operations (fl_app.v
 
 @app.query("session")
 def session(msg: Message, context: Context) -> Message:
-    """``query.session``: serve every request of a session through this app (:mod:`fl_app.session.client`)."""
-    return serve_session(msg, context, app)
+    """``query.session``: serve every request of a session through this app (:mod:`fl_app.session.client`),
+    once this process's one-time imports, started when the session opens, are done
+    (:func:`fl_app.client.warm_up.warmed`)."""
+    return serve_session(msg, context, warmed(app))

@@ -25,6 +25,7 @@ from typing import Any
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fl_app.client.warm_up import start_warm_up
 from fl_app.run.errors import ConfigError
 from simulation.server_app import RunPlan
 from simulation.engine import make_server_app
@@ -77,7 +78,7 @@ class RayClientApp(ClientApp):
             _PROCESS["task"] = self._task_id
             if self.yield_cpu:
                 _yield_cpu()
-            threading.Thread(target=_warm_up, name="sflower-warm-up", daemon=True).start()
+            start_warm_up()
         start = time.time()
         try:
             return self.app(message, context)
@@ -115,20 +116,6 @@ def _yield_cpu() -> None:
     for tid in threads:
         with contextlib.suppress(OSError):
             os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-
-
-def _warm_up() -> None:
-    """Import what a client's first training message would import (in the background).
-
-    Building the first ``torch.optim`` optimizer imports ``torch._dynamo``:
-    about 3 s per actor process on a 2-core machine, which the first
-    ``train.backward`` would otherwise wait for. Started after an actor's
-    first message (the handshake), it overlaps with the server's initial
-    evaluation. No numbers change: nothing is computed, no RNG is drawn.
-    """
-    import torch
-
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
 def _placement_log() -> Any:
