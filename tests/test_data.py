@@ -543,7 +543,7 @@ def test_device_idx_round_trip(name, tmp_path):
     if ref is not None:
         assert ds.mean == ref.mean and ds.std == ref.std
     # the files are the ones the existing IDX parser reads, byte-identical for the same examples
-    assert D_files._read_idx(written[1], 2049).tolist() == y.tolist()
+    assert D_files.read_idx(written[1], 2049).tolist() == y.tolist()
     again = D.write_training_files(name, x, y, tmp_path / "again")
     assert [p.read_bytes() for p in again] == [p.read_bytes() for p in written]
 

@@ -17,7 +17,7 @@ checkpoint body (``checkpoint.read``/``loads``)     test_checkpoint_body_*, the 
 ``config.json`` (``_numerics_of`` on resume)        test_numerics_of_a_bad_config_json
 ``summary.json``, ``inversion.json`` (attack/sweep) test_summary_and_sweep_json
 CIFAR pickles (``files._read_cifar_file``)          test_cifar_*
-IDX files (``files._read_idx``)                     test_idx_absurd_shape
+IDX files (``files.read_idx``)                      test_idx_absurd_shape
 ``received.npz``, ``client-K.npz``                  test_npz_records_refuse_pickles
 ``tail-K.npys`` (``privacy.read_tail_truth``)       test_npz_records_refuse_pickles
 ``model.safetensors``, ``model.json``               test_saved_model_*, test_evaluate_refuses_*
@@ -356,7 +356,7 @@ def test_idx_absurd_shape(tmp_path):
     path = tmp_path / "train-images-idx3-ubyte"
     path.write_bytes((2051).to_bytes(4, "big") + (2**31 - 1).to_bytes(4, "big") * 3 + b"\0" * 16)
     with pytest.raises(ConfigError, match="data bytes, expected"):
-        D_files._read_idx(path, 2051)
+        D_files.read_idx(path, 2051)
 
 
 def _saved_model_dir(tmp_path: Path, shape: tuple[int, int, int] = (1, 28, 28)) -> Path:

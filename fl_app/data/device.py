@@ -119,11 +119,11 @@ def _load_idx_train(name: str, path: Path) -> ImageDataset | None:
         train = _find(d, train_stems)
         if train is None:
             continue
-        x = files._read_idx(train[0], 2051)
-        y = files._read_idx(train[1], 2049)
+        x = files.read_idx(train[0], 2051)
+        y = files.read_idx(train[1], 2049)
         test = _find(d, test_stems)
         if test is not None:
-            xt, yt = files._read_idx(test[0], 2051), files._read_idx(test[1], 2049)
+            xt, yt = files.read_idx(test[0], 2051), files.read_idx(test[1], 2049)
         else:
             xt, yt = np.zeros((0, *x.shape[1:]), np.uint8), np.zeros(0, np.uint8)
         for xs, ys, split in ((x, y, "train"), (xt, yt, "test")):

@@ -98,8 +98,17 @@ def find_files(d: Path, stems: tuple[str, ...]) -> list[Path] | None:
     return out
 
 
-def _read_idx(path: Path, expected_magic: int) -> np.ndarray:
-    """Parse one IDX file (optionally gzip-compressed) into a uint8 array."""
+def read_idx(path: Path, expected_magic: int) -> np.ndarray:
+    """Parse one IDX file (optionally gzip-compressed) into a uint8 array, checked as untrusted input.
+
+    Args:
+        path: the file (``.gz``: gzip-compressed).
+        expected_magic: 2051 for images (the array is ``[N, rows, cols]``), 2049 for labels (``[N]``).
+
+    Raises:
+        ConfigError: unreadable, wrong magic number, truncated header, or a data size that does not match
+            the header's shape (one line each).
+    """
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as f:
@@ -126,10 +135,10 @@ def _read_idx(path: Path, expected_magic: int) -> np.ndarray:
 
 
 def _load_idx(name: str, files: list[Path]) -> ImageDataset:
-    xtr = _read_idx(files[0], 2051)
-    ytr = _read_idx(files[1], 2049)
-    xte = _read_idx(files[2], 2051)
-    yte = _read_idx(files[3], 2049)
+    xtr = read_idx(files[0], 2051)
+    ytr = read_idx(files[1], 2049)
+    xte = read_idx(files[2], 2051)
+    yte = read_idx(files[3], 2049)
     for x, y, split in ((xtr, ytr, "train"), (xte, yte, "test")):
         if x.ndim != 3 or y.ndim != 1 or x.shape[0] != y.shape[0]:
             raise ConfigError(

@@ -19,7 +19,7 @@ def _read_idx(path):
     repository is last on the authors' code's ``PYTHONPATH``): images have magic 2051, labels 2049."""
     from pathlib import Path
 
-    from fl_app.data.files import _read_idx as read_checked
+    from fl_app.data.files import read_idx as read_checked
 
     magic = 2051 if "images" in os.path.basename(path) else 2049
     return torch.from_numpy(read_checked(Path(path), magic).copy())
